@@ -1,0 +1,179 @@
+"""Pick a device and describe the hardware (taught in notebook 00).
+
+Nothing here probes hardware at import time: every function looks when it is called.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shutil
+import subprocess
+
+import torch
+
+DEVICE_CHOICES = ("auto", "cpu", "cuda", "cuda:N", "mps")
+
+
+def _mps_available() -> bool:
+    mps = getattr(torch.backends, "mps", None)
+    return bool(mps is not None and mps.is_available())
+
+
+def available_devices() -> list[str]:
+    """List the device strings usable on this machine, e.g. ``["cpu", "cuda:0"]`` (notebook 00)."""
+    found = ["cpu"]
+    if torch.cuda.is_available():
+        found += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    if _mps_available():
+        found.append("mps")
+    return found
+
+
+def pick_device(name: str | torch.device = "auto") -> torch.device:
+    """Turn ``"auto" | "cpu" | "cuda" | "cuda:N" | "mps"`` into a ``torch.device`` (notebook 00).
+
+    ``"auto"`` prefers CUDA, then Apple's MPS, then the CPU. An unknown name, or a device this
+    machine lacks, raises ``ValueError`` naming what is available.
+    """
+    if isinstance(name, torch.device):
+        name = str(name)
+    if not isinstance(name, str):
+        raise ValueError(f"device must be a string such as 'auto' or 'cpu', not {type(name).__name__}")
+    key = name.strip().lower()
+    here = ", ".join(available_devices())
+    if key == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", 0)
+        if _mps_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if key == "cpu":
+        return torch.device("cpu")
+    match = re.fullmatch(r"cuda(?::(\d+))?", key)
+    if match:
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"device {name!r} was asked for but CUDA is not available on this machine "
+                f"(no NVIDIA GPU or driver found); available here: {here}. Use device='auto' or 'cpu'."
+            )
+        index = int(match.group(1) or 0)
+        count = torch.cuda.device_count()
+        if index >= count:
+            raise ValueError(
+                f"device {name!r} does not exist: this machine has {count} CUDA device(s); available here: {here}"
+            )
+        return torch.device("cuda", index)
+    if key == "mps":
+        if not _mps_available():
+            raise ValueError(
+                f"device 'mps' was asked for but Apple's Metal backend is not available here; available here: {here}"
+            )
+        return torch.device("mps")
+    raise ValueError(f"unknown device {name!r}: use one of {', '.join(DEVICE_CHOICES)}; available here: {here}")
+
+
+def synchronize(device: str | torch.device) -> None:
+    """Wait until all queued work on ``device`` has finished; a no-op on the CPU (notebook 00)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    if platform.system() == "Darwin":
+        try:
+            out = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
+                                 timeout=5)
+            if out.stdout.strip():
+                return out.stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def _nvidia_driver() -> str | None:
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = out.stdout.strip().splitlines()
+    return lines[0].strip() if out.returncode == 0 and lines else None
+
+
+def describe() -> dict:
+    """Describe this machine as plain data: CPU, threads, GPUs, torch/CUDA versions (notebook 00)."""
+    gpus = []
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            gpus.append({
+                "index": i,
+                "name": p.name,
+                "memory_gib": round(p.total_memory / 2**30, 1),
+                "compute_capability": f"{p.major}.{p.minor}",
+                "multiprocessors": p.multi_processor_count,
+            })
+    cudnn = torch.backends.cudnn.version() if torch.cuda.is_available() else None
+    return {
+        "cpu": _cpu_model(),
+        "cpu_cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "platform": f"{platform.system()} {platform.release()} ({platform.machine()})",
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda_build": torch.version.cuda,
+        "cudnn": cudnn,
+        "nvidia_driver": _nvidia_driver() if gpus else None,
+        "gpus": gpus,
+        "mps": _mps_available(),
+        "name": hardware_name(gpus=gpus),
+    }
+
+
+def _slug(text: str) -> str:
+    text = re.sub(r"\((r|tm)\)|cpu @.*|\d+-core processor", "", text.lower())
+    return re.sub(r"[^a-z0-9]+", "-", text).strip("-")
+
+
+def hardware_name(gpus: list[dict] | None = None) -> str:
+    """A short folder-safe name for this machine, e.g. ``1x-nvidia-h200`` or ``cpu-amd-epyc-9654-2t``."""
+    if gpus is None:
+        gpus = [{"name": torch.cuda.get_device_name(i)} for i in range(torch.cuda.device_count())] \
+            if torch.cuda.is_available() else []
+    if gpus:
+        return f"{len(gpus)}x-{_slug(gpus[0]['name'])}"
+    prefix = "apple-mps" if _mps_available() else "cpu"
+    return f"{prefix}-{_slug(_cpu_model())}-{os.cpu_count()}t"
+
+
+def describe_markdown(desc: dict) -> str:
+    """Render ``describe()`` as a Markdown table for a notebook's "Your hardware" cell (notebook 00)."""
+    rows = [
+        ("CPU", f"{desc['cpu']} ({desc['cpu_cores']} logical cores, torch uses {desc['torch_threads']} threads)"),
+        ("Platform", f"{desc['platform']}, Python {desc['python']}"),
+        ("PyTorch", f"{desc['torch']} (CUDA build: {desc['cuda_build'] or 'none'})"),
+    ]
+    if desc["gpus"]:
+        for g in desc["gpus"]:
+            rows.append((f"GPU {g['index']}", f"{g['name']}, {g['memory_gib']} GiB, compute capability "
+                                              f"{g['compute_capability']}"))
+        rows.append(("NVIDIA driver", desc["nvidia_driver"] or "unknown"))
+    else:
+        rows.append(("GPU", "none found (CUDA not available)"))
+    rows.append(("Apple MPS", "available" if desc["mps"] else "not available"))
+    rows.append(("Results folder name", f"`{desc['name']}`"))
+    return "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)

@@ -1,0 +1,147 @@
+"""Record a notebook's headline measurements as JSON and load committed reference results (notebook 00).
+
+Schema (version 1) of ``build/results/<notebook>.json`` and ``data/reference/<hardware>/<notebook>.json``::
+
+    {"schema": 1, "notebook": str, "quick": bool, "device": str, "timestamp": ISO-8601 str,
+     "hardware": helpers.devices.describe(), "results": {...headline figures...}}
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from .devices import describe
+
+SCHEMA = 1
+REQUIRED_KEYS = ("schema", "notebook", "quick", "device", "timestamp", "hardware", "results")
+
+
+def project_root() -> Path:
+    """The course's root folder, found from this file (never from the working directory)."""
+    return Path(__file__).resolve().parent.parent
+
+
+def results_dir() -> Path:
+    """Where results go: ``$COURSE_RESULTS_DIR`` if set, else ``<root>/build/results``."""
+    env = os.environ.get("COURSE_RESULTS_DIR")
+    return Path(env) if env else project_root() / "build" / "results"
+
+
+def reference_dir() -> Path:
+    """The committed reference results: ``<root>/data/reference``."""
+    return project_root() / "data" / "reference"
+
+
+def to_jsonable(value):
+    """Turn tensors, numpy numbers, tuples and non-string keys into plain JSON data (NaN becomes null)."""
+    if isinstance(value, torch.Tensor):
+        return to_jsonable(value.detach().cpu().tolist())
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):  # numpy scalars
+        return to_jsonable(value.item())
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"cannot store a {type(value).__name__} in a results file; convert it to numbers or text")
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename, so readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_results(notebook: str, results: dict, *, quick: bool, device: str, out_dir: str | Path | None = None,
+                 hardware: dict | None = None) -> Path:
+    """Write a notebook's headline results with hardware, torch version, quick flag and time (notebook 00)."""
+    record = {
+        "schema": SCHEMA,
+        "notebook": notebook,
+        "quick": bool(quick),
+        "device": str(device),
+        "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "hardware": hardware if hardware is not None else describe(),
+        "results": to_jsonable(results),
+    }
+    path = Path(out_dir) if out_dir else results_dir()
+    path = path / f"{notebook}.json"
+    atomic_write_text(path, json.dumps(record, indent=2) + "\n")
+    return path
+
+
+def load_results(path: str | Path) -> dict:
+    """Read one results file and check it has the schema's keys."""
+    path = Path(path)
+    record = json.loads(path.read_text(encoding="utf-8"))
+    missing = [k for k in REQUIRED_KEYS if k not in record]
+    if missing:
+        raise ValueError(f"{path} is not a course results file: missing {', '.join(missing)}")
+    return record
+
+
+def load_reference(notebook: str, root: str | Path | None = None) -> dict[str, dict]:
+    """Committed reference results for ``notebook``, keyed by hardware name (empty if none yet)."""
+    base = Path(root) if root else reference_dir()
+    found = {}
+    for path in sorted(base.glob(f"*/{notebook}.json")):
+        found[path.parent.name] = load_results(path)
+    return found
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, dict):
+        items = list(value.items())
+        text = ", ".join(f"{k}: {_fmt(v)}" for k, v in items[:8])
+        return "{" + text + (", …" if len(items) > 8 else "") + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_fmt(v) for v in value[:10]) + (", …" if len(value) > 10 else "") + "]"
+    return str(value)
+
+
+def write_report(results: str | Path | None = None, out: str | Path | None = None) -> Path:
+    """Collect every ``build/results/*.json`` into ``build/report.md`` (used by ``make run``)."""
+    src = Path(results) if results else results_dir()
+    out = Path(out) if out else src.parent / "report.md"
+    lines = ["# Course run report", ""]
+    records = [load_results(p) for p in sorted(src.glob("*.json"))]
+    if not records:
+        lines.append(f"No results found in `{src}`.")
+    for rec in records:
+        hw = rec["hardware"]
+        gpus = ", ".join(g["name"] for g in hw.get("gpus", [])) or "no GPU"
+        lines += [
+            f"## {rec['notebook']}",
+            "",
+            f"- Hardware: `{hw.get('name')}` — {hw.get('cpu')} ({hw.get('cpu_cores')} cores); {gpus}; "
+            f"torch {hw.get('torch')}",
+            f"- Device: `{rec['device']}`, quick mode: {rec['quick']}, recorded {rec['timestamp']}",
+            "",
+            "| result | value |",
+            "|---|---|",
+        ]
+        lines += [f"| `{k}` | {_fmt(v)} |" for k, v in rec["results"].items()]
+        lines.append("")
+    atomic_write_text(out, "\n".join(lines) + "\n")
+    return out

@@ -1,0 +1,86 @@
+"""Unit tests of helpers.devices (this machine has no GPU; CUDA/MPS paths are faked where needed)."""
+import json
+
+import pytest
+import torch
+
+from helpers import devices
+
+
+def test_auto_and_cpu_pick_a_real_device():
+    assert devices.pick_device("cpu") == torch.device("cpu")
+    assert devices.pick_device(" CPU ") == torch.device("cpu")
+    assert devices.pick_device("auto").type in {"cpu", "cuda", "mps"}
+    assert devices.pick_device(torch.device("cpu")) == torch.device("cpu")
+
+
+@pytest.mark.parametrize("name", ["gpu", "cuda:x", "tpu", "", "cuda0"])
+def test_unknown_device_names_what_is_available(name):
+    with pytest.raises(ValueError, match=r"unknown device .*available here: cpu"):
+        devices.pick_device(name)
+
+
+def test_non_string_device_is_rejected():
+    with pytest.raises(ValueError, match="must be a string"):
+        devices.pick_device(0)
+
+
+def test_cuda_requested_without_cuda_is_a_one_line_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError) as err:
+        devices.pick_device("cuda")
+    msg = str(err.value)
+    assert "CUDA is not available" in msg and "device='auto' or 'cpu'" in msg and "\n" not in msg
+
+
+def test_cuda_index_beyond_count(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert devices.pick_device("cuda:1") == torch.device("cuda", 1)
+    assert devices.pick_device("auto") == torch.device("cuda", 0)
+    with pytest.raises(ValueError, match="has 2 CUDA device"):
+        devices.pick_device("cuda:2")
+
+
+def test_mps_requested_without_mps(monkeypatch):
+    monkeypatch.setattr(devices, "_mps_available", lambda: False)
+    with pytest.raises(ValueError, match="'mps' was asked for"):
+        devices.pick_device("mps")
+
+
+def test_auto_prefers_mps_over_cpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(devices, "_mps_available", lambda: True)
+    assert devices.pick_device("auto") == torch.device("mps")
+    assert devices.available_devices() == ["cpu", "mps"]
+
+
+def test_describe_is_plain_json_data():
+    desc = devices.describe()
+    assert json.loads(json.dumps(desc)) == desc
+    for key in ("cpu", "cpu_cores", "torch_threads", "torch", "gpus", "mps", "name"):
+        assert key in desc
+    assert desc["torch"] == torch.__version__
+    assert desc["name"] == devices.hardware_name()
+    table = devices.describe_markdown(desc)
+    assert table.startswith("| | |") and desc["cpu"] in table
+
+
+def test_hardware_name_is_folder_safe():
+    assert devices.hardware_name([{"name": "NVIDIA H200"}, {"name": "NVIDIA H200"}]) == "2x-nvidia-h200"
+    name = devices.hardware_name([])
+    assert name.startswith(("cpu-", "apple-mps-")) and "/" not in name and " " not in name
+
+
+def test_importing_helpers_probes_no_hardware(monkeypatch):
+    import importlib
+    import sys
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: calls.append("probe") or False)
+    for mod in [m for m in sys.modules if m == "helpers" or m.startswith("helpers.")]:
+        monkeypatch.delitem(sys.modules, mod)
+    importlib.import_module("helpers")
+    for name in ("devices", "timing", "results", "training", "plots"):
+        importlib.import_module(f"helpers.{name}")
+    assert calls == []

@@ -1,0 +1,106 @@
+"""The notebooks' shape and output policy, and papermill runs. nbval itself executes every notebook.
+
+Policy: notebooks are committed without outputs, except cells marked `# NBVAL_CHECK_OUTPUT`, which keep
+their (deterministic) outputs so nbval proves them still true. `tools/store_checked_outputs.py` writes them.
+"""
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import papermill as pm
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+CHECK, IGNORE = "# NBVAL_CHECK_OUTPUT", "# NBVAL_IGNORE_OUTPUT"
+
+
+def test_there_are_numbered_notebooks():
+    assert NOTEBOOKS and NOTEBOOKS[0].name == "00_getting_started.ipynb"
+    for nb in NOTEBOOKS:
+        assert nb.name[:2].isdigit() and nb.name[2] == "_", f"{nb.name}: name notebooks NN_topic.ipynb"
+
+
+def _parameters(nb):
+    cells = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(cells) == 1, "exactly one cell must be tagged 'parameters' (papermill injects after it)"
+    values = {}
+    for node in ast.parse(cells[0].source).body:
+        assert isinstance(node, ast.Assign), "the parameters cell holds plain assignments only (papermill parses it)"
+        values[node.targets[0].id] = ast.literal_eval(node.value)
+    return values
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_structure_and_output_policy(path):
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+    params = _parameters(nb)
+    assert params.get("quick") is False and params.get("device") == "auto", \
+        "parameters must default to full mode on the best device: quick = False, device = 'auto'"
+    assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith(f"# {path.name[:2]} ")
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        checked = cell.source.lstrip().startswith(CHECK)
+        assert not (checked and IGNORE in cell.source), f"cell {i}: both CHECK and IGNORE"
+        if checked:
+            assert cell.outputs and cell.execution_count, \
+                f"{path.name} cell {i} is NBVAL_CHECK_OUTPUT but has no stored output: run tools/store_checked_outputs.py"
+        else:
+            assert not cell.outputs and cell.execution_count is None, \
+                f"{path.name} cell {i} has stored output but is not NBVAL_CHECK_OUTPUT: run tools/store_checked_outputs.py"
+        assert all(o.get("output_type") != "error" for o in cell.outputs), f"cell {i} stores an error"
+
+
+def test_papermill_quick_run_from_repository_root(tmp_path):
+    """papermill injects quick/device (overriding the defaults) and the run records its results."""
+    env_backup = {k: os.environ.pop(k) for k in ("COURSE_QUICK", "COURSE_DEVICE") if k in os.environ}
+    os.environ["COURSE_RESULTS_DIR"] = str(tmp_path / "results")
+    try:
+        out = tmp_path / "00.ipynb"
+        pm.execute_notebook(str(ROOT / "notebooks" / "00_getting_started.ipynb"), str(out),
+                            parameters={"quick": True, "device": "cpu"}, kernel_name="python3", cwd=str(ROOT),
+                            progress_bar=False)
+    finally:
+        os.environ.update(env_backup)
+        os.environ["COURSE_RESULTS_DIR"] = str(ROOT / "build" / "test-results")
+    executed = nbformat.read(out, as_version=4)
+    assert any("injected-parameters" in c.metadata.get("tags", []) for c in executed.cells)
+    rec = json.loads((tmp_path / "results" / "00_getting_started.json").read_text())
+    assert rec["quick"] is True and rec["device"] == "cpu" and rec["results"]["matmul_size"] == 512
+    assert rec["results"]["matmul_gflops"]["cpu"] > 0
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_papermill_can_inject_parameters(path, tmp_path):
+    """Every notebook accepts papermill's parameters (execution itself is nbval's job, once per notebook)."""
+    out = tmp_path / path.name
+    pm.execute_notebook(str(path), str(out), parameters={"quick": True, "device": "cpu"}, prepare_only=True,
+                        kernel_name="python3")
+    cells = nbformat.read(out, as_version=4).cells
+    idx = [i for i, c in enumerate(cells) if "injected-parameters" in c.metadata.get("tags", [])]
+    assert len(idx) == 1 and "parameters" in cells[idx[0] - 1].metadata.get("tags", [])
+    assert "quick = True" in cells[idx[0]].source
+
+
+def test_nbval_fails_when_a_checked_output_changes(tmp_path):
+    """Guard against a silently toothless nbval set-up: a wrong stored output must fail the run."""
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell(f"{CHECK}\nprint(6 * 7)")
+    cell.execution_count = 1
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="41\n")]
+    nb.cells = [cell]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path = tmp_path / "wrong.ipynb"
+    nbformat.write(nb, path)
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--rootdir", str(tmp_path),
+                          "-c", os.devnull, "--nbval-lax", "--nbval-current-env", str(path)],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert run.returncode == 1, run.stdout[-2000:]
+    assert "41" in run.stdout and "42" in run.stdout

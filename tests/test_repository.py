@@ -1,0 +1,78 @@
+"""The set-up files agree with each other: pyproject, environment.yml, Makefile, .ci/run, README."""
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _pyproject():
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def test_environment_yml_matches_pyproject():
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    assert env["channels"] == ["conda-forge"]
+    deps = env["dependencies"]
+    pythons = [d for d in deps if isinstance(d, str) and d.startswith("python")]
+    assert pythons == ["python" + _pyproject()["project"]["requires-python"]], "same Python range as pyproject.toml"
+    assert "pip" in deps
+    pip_section = [d for d in deps if isinstance(d, dict)]
+    assert pip_section == [{"pip": ["-e .[dev]"]}], "pip installs this project (and only it): versions live in pyproject"
+    conda_packages = [d for d in deps if isinstance(d, str) and d not in ("pip",) and not d.startswith("python")]
+    assert conda_packages == [], f"a second list of packages would drift from pyproject.toml: {conda_packages}"
+
+
+def test_dependencies_the_issue_names_are_declared():
+    proj = _pyproject()["project"]
+    names = {re.split(r"[<>=\[ ]", d)[0].lower() for d in proj["dependencies"] + proj["optional-dependencies"]["dev"]}
+    for needed in ("torch", "torchvision", "matplotlib", "tqdm", "jupyterlab", "ipykernel", "ipywidgets", "nbval",
+                   "papermill", "pytest"):
+        assert needed in names, needed
+
+
+def test_makefile_and_ci_entry_points():
+    make = (ROOT / "Makefile").read_text()
+    for target in ("run", "test", "lab", "bench", "gpu-check"):
+        assert re.search(rf"^{re.escape(target)}:", make, re.M), f"Makefile lacks `{target}`"
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "make test" in ci
+
+
+def test_readme_has_the_two_commands_and_every_notebook():
+    readme = (ROOT / "README.md").read_text()
+    assert "make run" in readme and "make test" in readme
+    for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        assert nb.name in readme, f"README's course map lacks {nb.name}"
+
+
+def test_runner_rejects_a_bad_device_before_starting_anything(tmp_path):
+    run = subprocess.run([sys.executable, str(ROOT / "tools" / "run_course.py"), "--device", "tpu", "--out",
+                          str(tmp_path / "b")], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert run.stderr.strip().startswith("error: unknown device 'tpu'") and len(run.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "b").exists()
+
+
+def test_runner_names_failing_notebook_and_cell(tmp_path):
+    import nbformat
+
+    nbdir = tmp_path / "notebooks"
+    nbdir.mkdir()
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell("quick = False\ndevice = 'auto'")
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params, nbformat.v4.new_code_cell("print('fine')"), nbformat.v4.new_code_cell("1 / 0")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, nbdir / "98_broken.ipynb")
+    code = (f"import sys; sys.path.insert(0, {str(ROOT / 'tools')!r}); import run_course; "
+            f"from pathlib import Path; run_course.ROOT = Path({str(tmp_path)!r}); "
+            f"sys.exit(run_course.main(['--quick', '--device', 'cpu', '--out', {str(tmp_path / 'b')!r}]))")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1
+    assert "[1/1] 98_broken.ipynb ... FAILED" in run.stdout
+    assert "notebooks/98_broken.ipynb failed in cell 3 (counting from 1, `1 / 0`)" in run.stderr and "ZeroDivisionError" in run.stderr

@@ -1,0 +1,62 @@
+"""Unit tests of helpers.results: results files, reference results and the run report."""
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import results
+
+HW = {"name": "cpu-test-2t", "cpu": "Test CPU", "cpu_cores": 2, "gpus": [], "torch": "2.x"}
+
+
+def test_save_and_load_round_trip(tmp_path):
+    path = results.save_results("00_demo", {"gflops": {64: np.float32(1.5), "big": torch.tensor(2.0)},
+                                            "sizes": (1, 2), "nan": math.nan},
+                                quick=True, device="cpu", out_dir=tmp_path, hardware=HW)
+    assert path == tmp_path / "00_demo.json"
+    rec = results.load_results(path)
+    assert rec["schema"] == 1 and rec["quick"] is True and rec["device"] == "cpu"
+    assert rec["results"] == {"gflops": {"64": 1.5, "big": 2.0}, "sizes": [1, 2], "nan": None}
+    assert rec["hardware"]["name"] == "cpu-test-2t" and "T" in rec["timestamp"]
+
+
+def test_default_location_follows_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("COURSE_RESULTS_DIR", str(tmp_path / "r"))
+    path = results.save_results("00_demo", {"x": 1}, quick=False, device="cpu", hardware=HW)
+    assert path.parent == tmp_path / "r"
+    monkeypatch.delenv("COURSE_RESULTS_DIR")
+    assert results.results_dir() == results.project_root() / "build" / "results"
+
+
+def test_unstorable_value_is_a_clear_error(tmp_path):
+    with pytest.raises(TypeError, match="cannot store a object"):
+        results.save_results("x", {"bad": object()}, quick=True, device="cpu", out_dir=tmp_path, hardware=HW)
+    assert list(tmp_path.iterdir()) == []  # nothing half-written
+
+
+def test_load_rejects_files_without_schema(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"results": {}}))
+    with pytest.raises(ValueError, match="missing schema"):
+        results.load_results(bad)
+
+
+def test_reference_results_are_keyed_by_hardware(tmp_path):
+    for hw in ("1x-nvidia-h200", "cpu-x-2t"):
+        results.save_results("02_demo", {"v": 1}, quick=False, device="x", out_dir=tmp_path / hw,
+                             hardware=dict(HW, name=hw))
+    refs = results.load_reference("02_demo", root=tmp_path)
+    assert sorted(refs) == ["1x-nvidia-h200", "cpu-x-2t"]
+    assert results.load_reference("99_none", root=tmp_path) == {}
+
+
+def test_report_collects_every_result(tmp_path):
+    results.save_results("00_a", {"speed": 1.23456, "curve": {"1": 2.0}}, quick=True, device="cpu", out_dir=tmp_path,
+                         hardware=HW)
+    results.save_results("01_b", {"acc": 0.95}, quick=False, device="cpu", out_dir=tmp_path, hardware=HW)
+    out = results.write_report(tmp_path, tmp_path / "report.md")
+    text = out.read_text()
+    assert "## 00_a" in text and "## 01_b" in text and "| `speed` | 1.235 |" in text
+    assert "Test CPU" in text and "quick mode: True" in text

@@ -1,0 +1,198 @@
+"""Unit tests of helpers.training: the fit loop, checkpoints, kill-and-resume."""
+import os
+import pickle
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from helpers.training import (CheckpointError, History, evaluate, fit, load_checkpoint, predict, previous_path,
+                              resolve_amp, save_checkpoint, seed_everything)
+
+ROOT = Path(__file__).resolve().parent.parent
+JOB = Path(__file__).with_name("resume_job.py")
+
+
+def _problem(n=128, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 4, generator=g)
+    y = (x[:, 0] - x[:, 2] > 0).long()
+    return TensorDataset(x, y)
+
+
+def _model():
+    return nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
+
+
+def test_fit_learns_and_records_history():
+    seed_everything(0)
+    ds = _problem()
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
+    hist = fit(model, DataLoader(ds, batch_size=16, shuffle=True), epochs=6, optimizer=opt,
+               val_loader=DataLoader(ds, batch_size=64), progress=False)
+    assert len(hist.iterations) == 6 * 8
+    assert [e["epoch"] for e in hist.epochs] == [1, 2, 3, 4, 5, 6]
+    assert hist.epochs[-1]["train_loss"] < hist.epochs[0]["train_loss"]
+    assert hist.final["val_accuracy"] > 0.9, hist.final
+    assert all(e["seconds"] > 0 for e in hist.epochs)
+    assert History.from_dict(hist.as_dict()) == hist
+
+
+def test_validation_every_n_iterations_and_scheduler_per_batch():
+    ds = _problem(64)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    hist = fit(model, DataLoader(ds, batch_size=16), epochs=2, optimizer=opt, scheduler=sched,
+               scheduler_step="batch", val_loader=DataLoader(ds, batch_size=64), val_every=3, progress=False)
+    assert [v["iteration"] for v in hist.validation] == [3, 6]
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.5 ** 8)
+
+
+def test_bad_scheduler_step_and_amp_names():
+    with pytest.raises(ValueError, match="scheduler_step"):
+        fit(_model(), DataLoader(_problem(8)), epochs=1, optimizer=torch.optim.SGD(_model().parameters(), lr=0.1),
+            scheduler_step="iteration", progress=False)
+    with pytest.raises(ValueError, match="amp="):
+        resolve_amp("fp8", torch.device("cpu"))
+    assert resolve_amp(True, torch.device("cpu")) is torch.bfloat16
+    assert resolve_amp(False, torch.device("cpu")) is None
+
+
+def test_fit_with_bf16_autocast_on_cpu_learns():
+    seed_everything(1)
+    ds = _problem(256)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
+    hist = fit(model, DataLoader(ds, batch_size=32, shuffle=True), epochs=5, optimizer=opt, amp="bf16",
+               progress=False)
+    assert hist.epochs[-1]["train_loss"] < 0.6 * hist.epochs[0]["train_loss"]
+    assert next(model.parameters()).dtype == torch.float32  # autocast never changes the weights' dtype
+
+
+def test_evaluate_and_predict_agree():
+    seed_everything(2)
+    ds = _problem(50)
+    model = _model()
+    scores, targets = predict(model, DataLoader(ds, batch_size=7))
+    assert scores.shape == (50, 2) and targets.shape == (50,)
+    acc = (scores.argmax(1) == targets).float().mean().item()
+    assert evaluate(model, DataLoader(ds, batch_size=7))["accuracy"] == pytest.approx(acc)
+
+
+def test_host_inputs_stay_on_the_cpu():
+    seen = {}
+
+    class Probe(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 2)
+
+        def forward(self, x, lengths):
+            seen["lengths_device"] = lengths.device.type
+            return self.lin(x)
+
+    ds = TensorDataset(torch.randn(8, 3), torch.arange(8), torch.zeros(8, dtype=torch.long))
+    fit(Probe(), DataLoader(ds, batch_size=4), epochs=1, optimizer=torch.optim.SGD(Probe().parameters(), lr=0.1),
+        host_inputs=(1,), progress=False)
+    assert seen["lengths_device"] == "cpu"
+
+
+def test_checkpoint_round_trip_and_previous_kept(tmp_path):
+    path = tmp_path / "ck.pt"
+    save_checkpoint(path, {"a": torch.ones(2), "n": 1})
+    save_checkpoint(path, {"a": torch.zeros(2), "n": 2})
+    assert load_checkpoint(path)["n"] == 2
+    assert load_checkpoint(previous_path(path))["n"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck.prev.pt", "ck.pt"]  # no temp files left
+
+
+def test_failed_write_leaves_previous_checkpoint_intact(tmp_path, monkeypatch):
+    path = tmp_path / "ck.pt"
+    save_checkpoint(path, {"n": 1})
+
+    def broken_save(obj, fh, *a, **k):
+        fh.write(b"PK\x03\x04 half a file")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(path, {"n": 2})
+    monkeypatch.undo()
+    assert load_checkpoint(path)["n"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["ck.pt"]
+
+
+def test_truncated_checkpoint_gives_clear_error_naming_previous(tmp_path):
+    path = tmp_path / "ck.pt"
+    save_checkpoint(path, {"w": torch.randn(100)})
+    save_checkpoint(path, {"w": torch.randn(100)})
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=r"truncated or corrupt.*ck\.prev\.pt is intact"):
+        load_checkpoint(path)
+    assert load_checkpoint(previous_path(path))["w"].shape == (100,)
+
+
+class _Boom:
+    def __reduce__(self):
+        return (os.system, ("echo pwned > /dev/null",))
+
+
+def test_checkpoint_with_arbitrary_pickle_is_refused(tmp_path):
+    path = tmp_path / "evil.pt"
+    with open(path, "wb") as fh:
+        torch.save({"model": {}, "payload": _Boom()}, fh)
+    with pytest.raises(CheckpointError, match="refused to load"):
+        load_checkpoint(path)
+
+
+def test_resume_from_checkpoint_not_written_by_fit_is_refused(tmp_path):
+    path = tmp_path / "other.pt"
+    save_checkpoint(path, {"model": {}})
+    with pytest.raises(CheckpointError, match="not written by helpers.training.fit"):
+        fit(_model(), DataLoader(_problem(8)), epochs=1, optimizer=torch.optim.SGD(_model().parameters(), lr=0.1),
+            checkpoint=path, resume=True, progress=False)
+
+
+def _run_job(*args, timeout=120):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, str(JOB), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=ROOT)
+
+
+def test_resume_after_sigkill_mid_epoch_matches_uninterrupted_run(tmp_path):
+    """Kill a training process with SIGKILL mid-epoch, resume it, and get bit-identical weights."""
+    done = _run_job(tmp_path / "full.pt", tmp_path / "full_out.pt")
+    assert done.returncode == 0, done.stderr
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, str(JOB), tmp_path / "cut.pt", tmp_path / "cut_out.pt", "--pause", "0.05"],
+                            stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    try:
+        for line in proc.stdout:  # 12 batches per epoch, checkpoints every 5 iterations: 20 is mid-epoch 2
+            if line.strip() == "iteration 23":
+                break
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == -signal.SIGKILL
+    assert not (tmp_path / "cut_out.pt").exists()
+    state = load_checkpoint(tmp_path / "cut.pt")
+    assert (state["epoch"], state["batch_in_epoch"], state["iteration"]) == (1, 8, 20)
+
+    resumed = _run_job(tmp_path / "cut.pt", tmp_path / "cut_out.pt", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.splitlines()[0] == "iteration 21"
+    full = torch.load(tmp_path / "full_out.pt", weights_only=True)
+    cut = torch.load(tmp_path / "cut_out.pt", weights_only=True)
+    assert full["iterations"] == cut["iterations"] == 48
+    for name, value in full["model"].items():
+        assert torch.equal(value, cut["model"][name]), f"{name} differs after resume"
