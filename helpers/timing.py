@@ -10,8 +10,18 @@ import timeit
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
+import logging
+
 import torch
-import torch.utils.benchmark as benchmark
+
+# torch.utils.benchmark imports cpp_extension, which warns "No CUDA runtime is found" on CPU-only machines
+# running a CUDA build of torch; nothing here compiles extensions, so that warning is noise for learners.
+_cpp_log = logging.getLogger("torch.utils.cpp_extension")
+_level = _cpp_log.level
+_cpp_log.setLevel(logging.ERROR)
+import torch.utils.benchmark as benchmark  # noqa: E402
+
+_cpp_log.setLevel(_level)
 
 from .devices import synchronize
 

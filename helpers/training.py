@@ -134,6 +134,29 @@ def predict(model: nn.Module, loader, device="cpu", *, host_inputs=(), amp=False
     return torch.cat(scores).cpu(), torch.cat(targets).cpu()
 
 
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch, device="cpu", *, loss_fn=None, amp=False,
+               host_inputs=()) -> Callable[[], torch.Tensor]:
+    """One fixed batch, moved to ``device`` once; returns a function doing one full training step on it.
+
+    For timing compute alone (no data loading) with ``helpers.timing.time_fn`` (notebooks 01, 02, 06).
+    """
+    device = pick_device(device)
+    model.to(device).train()
+    loss_fn = loss_fn or nn.CrossEntropyLoss()
+    dtype = resolve_amp(amp, device)
+    inputs, target = split_batch(batch, device, host_inputs)
+
+    def step() -> torch.Tensor:
+        with _autocast(device, dtype):
+            loss = loss_fn(model(*inputs), target)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return step
+
+
 # ---------------------------------------------------------------- checkpoints
 
 def _rng_state() -> dict:

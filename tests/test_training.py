@@ -196,3 +196,16 @@ def test_resume_after_sigkill_mid_epoch_matches_uninterrupted_run(tmp_path):
     assert full["iterations"] == cut["iterations"] == 48
     for name, value in full["model"].items():
         assert torch.equal(value, cut["model"][name]), f"{name} differs after resume"
+
+
+def test_train_step_repeats_one_full_step_on_a_fixed_batch():
+    from helpers.training import train_step
+
+    seed_everything(3)
+    ds = _problem(64)
+    model = _model()
+    step = train_step(model, torch.optim.SGD(model.parameters(), lr=0.5), (ds.tensors[0], ds.tensors[1]), "cpu")
+    first = step().item()
+    for _ in range(30):
+        last = step().item()
+    assert last < 0.5 * first, (first, last)
