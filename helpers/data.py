@@ -4,6 +4,8 @@ Paths are resolved from the project root, never from the working directory.
 """
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -121,3 +123,140 @@ def padding_fraction(lengths: Sequence[int], batches: Sequence[Sequence[int]]) -
         padded += len(ls) * max(ls)
         real += sum(ls)
     return 1 - real / padded if padded else 0.0
+
+
+# ---------------------------------------------------------------- CIFAR-10 (notebooks 04-07)
+
+CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp")
+
+
+@dataclass
+class ImageSet:
+    """Images as one ``uint8`` tensor ``(N, C, H, W)``, ``int64`` labels, class names and where they came from."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    classes: list
+    source: str
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def state_dict(self) -> dict:
+        return {"images": self.images, "labels": self.labels, "classes": list(self.classes), "source": self.source}
+
+
+def _folder_root(path: Path) -> Path | None:
+    for candidate in (path, path / "CIFAR-10-images"):
+        if (candidate / "train").is_dir() and (candidate / "test").is_dir():
+            return candidate
+    return None
+
+
+def _read_image_folder(split_dir: Path, per_class: int | None) -> ImageSet:
+    import numpy as np
+    from PIL import Image
+
+    classes = sorted(d.name for d in split_dir.iterdir() if d.is_dir()) if split_dir.is_dir() else []
+    if not classes:
+        raise FileNotFoundError(f"{split_dir} has no class folders (expected {split_dir}/<class>/<image>)")
+    images, labels = [], []
+    for k, name in enumerate(classes):
+        files = sorted(f for f in (split_dir / name).iterdir() if f.suffix.lower() in IMAGE_SUFFIXES)
+        for f in files[:per_class]:
+            with Image.open(f) as img:
+                images.append(np.asarray(img.convert("RGB")))
+            labels.append(k)
+    if not images:
+        raise FileNotFoundError(f"{split_dir} has class folders but no images ({', '.join(IMAGE_SUFFIXES)})")
+    sizes = {im.shape for im in images}
+    if len(sizes) != 1:
+        raise ValueError(f"{split_dir}: images differ in size ({sorted(sizes)[:3]}); resize them to one size first")
+    return ImageSet(torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).contiguous(),
+                    torch.tensor(labels, dtype=torch.int64), classes, f"image folder {split_dir}")
+
+
+def _first_per_class(labels: torch.Tensor, per_class: int | None) -> torch.Tensor:
+    if per_class is None:
+        return torch.arange(len(labels))
+    keep = [torch.nonzero(labels == k).flatten()[:per_class] for k in labels.unique()]
+    return torch.cat(keep).sort().values
+
+
+def load_cifar10(split: str = "train", root: str | Path | None = None, *, download: bool = True,
+                 per_class: int | None = None) -> ImageSet:
+    """CIFAR-10 as an ``ImageSet``, from (1) an image-folder tree, (2) torchvision's copy, or (3) its download.
+
+    ``root`` (or ``$COURSE_CIFAR10_DIR``) may be an image-folder tree ``train/<class>/*``, ``test/<class>/*``
+    (MATLAB ``imageDatastore(..., LabelSource="foldernames")``) or a folder holding torchvision's
+    ``cifar-10-batches-py``. Without one, ``<root>/data/cifar10`` is used and, if empty, downloaded when
+    ``download`` is True. ``per_class`` keeps the first N images of each class (notebook 05).
+    """
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', not {split!r}")
+    given = root or os.environ.get("COURSE_CIFAR10_DIR")
+    base = Path(given).expanduser() if given else project_root() / "data" / "cifar10"
+    if given and not base.exists():
+        raise FileNotFoundError(f"CIFAR-10 folder {base} does not exist (from "
+                                f"{'the cifar10_dir argument' if root else 'COURSE_CIFAR10_DIR'}); fix the path")
+    tree = _folder_root(base) if base.exists() else None
+    if tree is not None:
+        data = _read_image_folder(tree / split, per_class)
+        if len(data.classes) != 10:
+            raise ValueError(f"{tree / split} has {len(data.classes)} class folders, CIFAR-10 has 10")
+        return data
+    import torchvision
+
+    have = (base / "cifar-10-batches-py").is_dir()
+    if not have and (given or not download):
+        raise FileNotFoundError(
+            f"no CIFAR-10 at {base}: expected an image-folder tree train/<class>/*, test/<class>/* or torchvision's "
+            "cifar-10-batches-py. Point COURSE_CIFAR10_DIR (or the notebook's cifar10_dir) at one, or allow the download.")
+    try:
+        ds = torchvision.datasets.CIFAR10(str(base), train=split == "train", download=not have)
+    except Exception as exc:  # offline: URLError, socket timeout, ...
+        if base.is_dir() and not any(base.iterdir()):
+            base.rmdir()  # leave nothing behind
+        raise FileNotFoundError(
+            f"CIFAR-10 is not in {base} and could not be downloaded ({type(exc).__name__}: {str(exc)[:120]}). "
+            "Offline? Point COURSE_CIFAR10_DIR (or the notebook's cifar10_dir) at an image-folder tree "
+            "train/<class>/*, test/<class>/*.") from None
+    labels = torch.tensor(ds.targets, dtype=torch.int64)
+    keep = _first_per_class(labels, per_class)
+    images = torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous()[keep]
+    return ImageSet(images, labels[keep], list(ds.classes), f"torchvision CIFAR10 in {base}")
+
+
+def synthetic_images(n: int, n_classes: int = 10, seed: int = 0, size: int = 32, noise_seed: int | None = None) -> ImageSet:
+    """A small learnable stand-in for CIFAR-10 (class colour patterns from ``seed`` plus noise): NOT real data."""
+    patterns = torch.rand(n_classes, 3, size, size, generator=torch.Generator().manual_seed(seed))
+    g = torch.Generator().manual_seed(seed + 1 if noise_seed is None else 1000 + noise_seed)
+    labels = torch.arange(n) % n_classes
+    images = (0.55 * patterns[labels] + 0.45 * torch.rand(n, 3, size, size, generator=g)) * 255
+    return ImageSet(images.to(torch.uint8), labels, [f"class {k}" for k in range(n_classes)],
+                    "synthetic stand-in (random patterns, NOT CIFAR-10)")
+
+
+def cifar10_transform(train: bool):
+    """``transforms.v2`` pipeline on ``uint8`` tensors: random 4-pixel-padded crop + flip when training, normalise."""
+    from torchvision.transforms import v2
+
+    steps = [v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip()] if train else []
+    return v2.Compose(steps + [v2.ToDtype(torch.float32, scale=True), v2.Normalize(CIFAR10_MEAN, CIFAR10_STD)])
+
+
+class ImageTensorDataset(Dataset):
+    """Items ``(transform(image), label)`` from an ``ImageSet``'s in-memory ``uint8`` images."""
+
+    def __init__(self, data: ImageSet, transform=None):
+        self.data, self.transform = data, transform
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i):
+        img = self.data.images[i]
+        return (self.transform(img) if self.transform else img.float() / 255), self.data.labels[i]

@@ -31,3 +31,31 @@ class SequenceClassifier(nn.Module):
         _, (h, _) = self.lstm(packed)  # h: (layers * directions, B, hidden), in the batch's original order
         last = torch.cat([h[-2], h[-1]], dim=1) if self.lstm.bidirectional else h[-1]
         return self.head(last)
+
+
+class ConvBlockNet(nn.Module):
+    """MATLAB's CIFAR-10 multi-GPU example network, parameterised (notebook 05).
+
+    Three blocks of ``depth`` × (3×3 conv, "same" padding → batch norm → ReLU) with ``widths`` channels,
+    2×2 max-pooling (stride 2) between blocks, global average pooling (8×8 for 32×32 inputs), one linear
+    layer. ``batch_norm=False`` drops the batch norms (for checking DDP equivalence exactly).
+    """
+
+    def __init__(self, widths=(32, 64, 128), depth: int = 4, n_classes: int = 10, in_channels: int = 3,
+                 batch_norm: bool = True):
+        super().__init__()
+        layers, channels = [], in_channels
+        for b, width in enumerate(widths):
+            if b > 0:
+                layers.append(nn.MaxPool2d(2, stride=2))
+            for _ in range(depth):
+                layers.append(nn.Conv2d(channels, width, 3, padding=1, bias=not batch_norm))
+                if batch_norm:
+                    layers.append(nn.BatchNorm2d(width))
+                layers.append(nn.ReLU(inplace=True))
+                channels = width
+        self.features = nn.Sequential(*layers)
+        self.head = nn.Linear(channels, n_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x).mean(dim=(2, 3)))

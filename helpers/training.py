@@ -235,7 +235,7 @@ def fit(model: nn.Module, train_loader, *, epochs: int, optimizer: torch.optim.O
         loss_fn: Callable | None = None, val_loader=None, val_every: int | None = None, scheduler=None,
         scheduler_step: str = "epoch", amp=False, grad_clip: float | None = None, host_inputs=(),
         checkpoint: str | Path | None = None, checkpoint_every: int | None = None, resume: bool = False,
-        extra: dict | None = None, progress: bool = True, callback: Callable[[dict], None] | None = None) -> History:
+        extra: dict | None = None, save_checkpoints: bool = True, progress: bool = True, callback: Callable[[dict], None] | None = None) -> History:
     """Train ``model`` for ``epochs`` and return its ``History`` (MATLAB ``trainnet``; notebooks 00 and 01).
 
     - ``device``: ``"auto" | "cpu" | "cuda[:N]" | "mps"``; model and batches are moved there.
@@ -247,6 +247,7 @@ def fit(model: nn.Module, train_loader, *, epochs: int, optimizer: torch.optim.O
       with ``resume=True`` an existing one is loaded and training continues exactly where it stopped
       (bit-identical on the CPU with ``num_workers=0`` and the global RNG seeded).
     - ``extra``: plain data stored in the checkpoint beside the weights (e.g. the label encoder's classes).
+    - ``save_checkpoints=False`` reads ``checkpoint`` to resume but never writes it (DDP ranks other than 0).
     """
     if scheduler_step not in ("batch", "epoch"):
         raise ValueError(f"scheduler_step must be 'batch' or 'epoch', not {scheduler_step!r}")
@@ -272,7 +273,7 @@ def fit(model: nn.Module, train_loader, *, epochs: int, optimizer: torch.optim.O
         start_epoch, skip, iteration = state["epoch"], state["batch_in_epoch"], state["iteration"]
         partial = dict(state["partial"])
         resume_rng = (state["epoch_rng"], state["rng"])
-    elif checkpoint is not None and not resume and Path(checkpoint).exists():
+    elif checkpoint is not None and save_checkpoints and not resume and Path(checkpoint).exists():
         warnings.warn(f"{checkpoint} exists and will be overwritten (pass resume=True to continue from it)",
                       stacklevel=2)
 
@@ -354,7 +355,7 @@ def fit(model: nn.Module, train_loader, *, epochs: int, optimizer: torch.optim.O
                 flush(b + 1)
                 validate(epoch)
                 t0 = time.perf_counter()  # validation time is not training time
-            if checkpoint is not None and checkpoint_every and iteration % checkpoint_every == 0 \
+            if checkpoint is not None and save_checkpoints and checkpoint_every and iteration % checkpoint_every == 0 \
                     and b + 1 < per_epoch:
                 flush(b + 1)
                 save_checkpoint(checkpoint, snapshot(epoch, b + 1, epoch_rng))
@@ -376,7 +377,7 @@ def fit(model: nn.Module, train_loader, *, epochs: int, optimizer: torch.optim.O
         history.epochs.append(record)
         partial = {"loss_sum": 0.0, "correct": 0, "seen": 0, "seconds": 0.0}
         skip = 0
-        if checkpoint is not None:
+        if checkpoint is not None and save_checkpoints:
             save_checkpoint(checkpoint, snapshot(epoch + 1, 0, _rng_state()))
     bar.close()
     return history

@@ -1,0 +1,68 @@
+"""CIFAR-10 loading: the real image-folder tree from ../shared/data (extracted by conftest), synthetic stand-in."""
+import os
+
+import pytest
+import torch
+
+from helpers.data import (CIFAR10_CLASSES, ImageTensorDataset, cifar10_transform, load_cifar10, synthetic_images)
+from helpers.models import ConvBlockNet
+
+
+@pytest.fixture(scope="module")
+def cifar_dir():
+    path = os.environ.get("COURSE_CIFAR10_DIR")
+    if not path:
+        if os.environ.get("CI"):
+            pytest.fail("CI must have ../shared/data/cifar10-jpg.tar.gz; conftest.py extracts it")
+        pytest.skip("no CIFAR-10 tarball on this machine (../shared/data/cifar10-jpg.tar.gz)")
+    return path
+
+
+def test_image_folder_tree_reads_real_cifar10(cifar_dir):
+    data = load_cifar10("test", cifar_dir, per_class=20)
+    assert data.classes == CIFAR10_CLASSES
+    assert data.images.shape == (200, 3, 32, 32) and data.images.dtype == torch.uint8
+    assert torch.bincount(data.labels).tolist() == [20] * 10
+    assert 60 < data.images.float().mean() < 180  # real photos, not blank
+    assert "image folder" in data.source
+
+
+def test_parent_of_the_tree_is_accepted(cifar_dir):
+    parent = os.path.dirname(cifar_dir)
+    assert load_cifar10("train", parent, per_class=2).images.shape == (20, 3, 32, 32)
+
+
+def test_missing_or_wrong_folders_give_clear_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_cifar10("train", tmp_path / "nope")
+    with pytest.raises(FileNotFoundError, match="COURSE_CIFAR10_DIR"):
+        load_cifar10("train", tmp_path)  # exists, but holds nothing usable
+    (tmp_path / "t" / "train" / "a").mkdir(parents=True)
+    (tmp_path / "t" / "test").mkdir()
+    with pytest.raises(FileNotFoundError, match="no class folders"):
+        load_cifar10("test", tmp_path / "t")
+    with pytest.raises(ValueError, match="'train' or 'test'"):
+        load_cifar10("val", tmp_path)
+
+
+def test_transforms_and_dataset():
+    data = synthetic_images(20)
+    assert "NOT CIFAR-10" in data.source
+    x, y = ImageTensorDataset(data, cifar10_transform(train=True))[3]
+    assert x.shape == (3, 32, 32) and x.dtype == torch.float32 and y.item() == 3
+    plain = ImageTensorDataset(data, cifar10_transform(train=False))
+    assert torch.equal(plain[0][0], plain[0][0])  # deterministic without augmentation
+    other = synthetic_images(20, noise_seed=1)
+    assert not torch.equal(other.images, data.images) and torch.equal(other.labels, data.labels)
+
+
+def test_conv_block_net_matches_the_matlab_layout():
+    net = ConvBlockNet()
+    convs = [m for m in net.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert len(convs) == 12 and [c.out_channels for c in convs[::4]] == [32, 64, 128]
+    assert sum(isinstance(m, torch.nn.BatchNorm2d) for m in net.modules()) == 12
+    assert sum(isinstance(m, torch.nn.MaxPool2d) for m in net.modules()) == 2
+    assert net(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    small = ConvBlockNet((8, 16), depth=1, batch_norm=False)
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in small.modules())
+    assert small(torch.randn(1, 3, 32, 32)).shape == (1, 10)

@@ -1,0 +1,93 @@
+"""DDP on CPU with gloo: equivalence with one big batch, two 'nodes' on localhost, failures, bad world sizes."""
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers.distributed import check_world_size, launch, launch_local_nodes
+
+COMMON = ["--synthetic", "256", "--widths", "8,16,16", "--depth", "1", "--no-bn", "--no-augment", "--epochs", "2",
+          "--schedule", "piecewise", "--drop-period", "1", "--drop-factor", "0.5"]
+
+
+def _params(path):
+    return torch.load(path, weights_only=True)
+
+
+def _max_diff(a, b):
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    out = tmp_path_factory.mktemp("single") / "p.pt"
+    launch(1, COMMON + ["--batch-size", "32", "--params-out", out], timeout=240, echo=False)
+    return _params(out)
+
+
+def test_two_ranks_equal_one_process_with_double_batch(single, tmp_path):
+    """2 ranks x batch 16 all-reduce to the same gradients as 1 process x batch 32 (no batch norm)."""
+    launch(2, COMMON + ["--batch-size", "16", "--params-out", tmp_path / "p.pt"], timeout=240, echo=False)
+    diff = _max_diff(single, _params(tmp_path / "p.pt"))
+    assert diff <= 1e-6, f"max abs parameter difference {diff:.3g}"
+    moved = max((single[k] - v).abs().max().item() for k, v in _initial_params().items())
+    assert moved > 1e-3, "the parameters must have trained, or the comparison proves nothing"
+
+
+def _initial_params():
+    from helpers.models import ConvBlockNet
+
+    torch.manual_seed(0)
+    return ConvBlockNet((8, 16, 16), 1, batch_norm=False).state_dict()
+
+
+def test_two_nodes_on_localhost_match_one_process(single, tmp_path):
+    """Two torchrun 'nodes' (one process each) rendezvous over c10d on 127.0.0.1 and train as one job."""
+    run = launch_local_nodes(2, 1, COMMON + ["--batch-size", "16", "--params-out", tmp_path / "p.pt"], timeout=300,
+                             echo=False)
+    assert any("world size 2" in line for line in run.output)
+    assert _max_diff(single, _params(tmp_path / "p.pt")) <= 1e-6
+
+
+def _alive_with(marker: str) -> list:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if marker in (proc / "cmdline").read_bytes().decode(errors="ignore"):
+                    found.append(proc.name)
+            except OSError:
+                pass
+    return found
+
+
+def test_a_failing_rank_fails_the_launch_quickly_and_leaves_no_process(tmp_path):
+    marker = str(tmp_path / "never.json")
+    t0 = time.perf_counter()
+    with pytest.raises(RuntimeError) as err:
+        launch(2, ["--synthetic", "2048", "--widths", "8,8,8", "--depth", "1", "--batch-size", "16", "--epochs", "5",
+                   "--fail-at-step", "3", "--fail-rank", "1", "--out", marker], timeout=240, echo=False)
+    elapsed = time.perf_counter() - t0
+    assert "injected failure on rank 1 at step 3" in str(err.value)
+    assert elapsed < 120, f"took {elapsed:.0f} s to notice the failure"
+    time.sleep(0.5)
+    assert _alive_with(marker) == []
+    assert not Path(marker).exists()
+
+
+def test_timeout_stops_every_process(tmp_path):
+    marker = str(tmp_path / "slow.json")
+    with pytest.raises(TimeoutError, match="longer than 8 s"):
+        launch(1, ["--synthetic", "4096", "--epochs", "50", "--out", marker], timeout=8, echo=False)
+    time.sleep(0.5)
+    assert _alive_with(marker) == []
+
+
+def test_more_gpu_workers_than_gpus_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"asked for 2 GPU worker\(s\) but this machine has 0 GPU\(s\).*device='cpu'"):
+        launch(2, ["--synthetic", "64"], device="cuda")
+    with pytest.raises(ValueError, match="at least 1"):
+        check_world_size(0, "cpu")
+    check_world_size(4, "cpu")  # CPU processes: as many as you like
