@@ -51,17 +51,19 @@ def _parse(argv):
     ap.add_argument("--no-bn", action="store_true", help="no batch norm (DDP then equals one big batch exactly)")
     ap.add_argument("--no-augment", action="store_true")
     ap.add_argument("--no-shuffle", action="store_true")
-    ap.add_argument("--train-limit", type=int, default=0, help="use only the first N training images")
+    ap.add_argument("--train-limit", type=int, default=0, help="train on a fixed random subset of N images (0: all)")
     ap.add_argument("--amp", action="store_true", help="torch.amp autocast (bf16 on CPU/recent GPUs, else fp16)")
     ap.add_argument("--channels-last", action="store_true")
     ap.add_argument("--workers", type=int, default=0, help="DataLoader worker processes per rank")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--checkpoint", help="checkpoint file: written by rank 0 each epoch, resumed from if present")
+    ap.add_argument("--val-limit", type=int, default=0, help="validate each epoch on the first N test images (0: all)")
+    ap.add_argument("--no-val", action="store_true", help="skip the per-epoch validation and the final test")
     ap.add_argument("--out", help="results JSON (written by rank 0)")
     ap.add_argument("--params-out", help="final parameters as a .pt file (rank 0)")
     ap.add_argument("--estimate-after", type=int, default=10, help="print an epoch-time estimate after N steps")
     ap.add_argument("--fail-at-step", type=int, default=0, help="for tests: raise at this step ...")
-    ap.add_argument("--fail-rank", type=int, default=-1, help="... on this rank")
+    ap.add_argument("--fail-rank", type=int, default=-1, help="... on this rank (first attempt only, not after a restart)")
     return ap.parse_args(argv)
 
 
@@ -109,8 +111,9 @@ def main(argv=None) -> int:
         seed_everything(args.seed + rank)  # different augmentation draws per rank; weights come from rank 0
         train, test = _load_sets(args)
         train_ds = ImageTensorDataset(train, cifar10_transform(train=not args.no_augment))
-        if args.train_limit:
-            train_ds = Subset(train_ds, range(min(args.train_limit, len(train_ds))))
+        if 0 < args.train_limit < len(train_ds):  # the same subset on every rank and every run
+            keep = torch.randperm(len(train_ds), generator=torch.Generator().manual_seed(1234))[:args.train_limit]
+            train_ds = Subset(train_ds, keep.sort().values.tolist())
         test_ds = ImageTensorDataset(test, cifar10_transform(train=False))
         sampler = DistributedSampler(train_ds, num_replicas=world, rank=rank, shuffle=not args.no_shuffle,
                                      seed=args.seed)
@@ -118,6 +121,8 @@ def main(argv=None) -> int:
         loader = DataLoader(train_ds, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers,
                             pin_memory=pin, persistent_workers=args.workers > 0)
         test_loader = DataLoader(test_ds, batch_size=512, num_workers=args.workers, pin_memory=pin)
+        val_ds = Subset(test_ds, range(args.val_limit)) if 0 < args.val_limit < len(test_ds) else test_ds
+        val_loader = DataLoader(val_ds, batch_size=512, pin_memory=pin) if rank == 0 and not args.no_val else None
 
         torch.manual_seed(args.seed)  # identical initial weights on every rank
         widths = tuple(int(w) for w in args.widths.split(","))
@@ -138,30 +143,35 @@ def main(argv=None) -> int:
             step_on = "batch"
         else:
             sched = None
-        log(f"world size {world} ({backend} on {device.type}), {len(train_ds)} training images from {train.source}, "
+        how = f"world size {world} ({backend} on {device.type})" if use_pg else f"one process on {device.type}, no DDP"
+        log(f"{how}, {len(train_ds)} training images from {train.source}, "
             f"batch {args.batch_size} per rank = {global_batch} global, lr {lr:.4g} ({args.schedule}), "
             f"{len(loader)} steps per epoch")
 
         t_start = time.perf_counter()
 
         def on_step(info):
-            if info["iteration"] == args.fail_at_step and rank == args.fail_rank:
+            first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+            if info["iteration"] == args.fail_at_step and rank == args.fail_rank and first_attempt:
                 raise RuntimeError(f"injected failure on rank {rank} at step {info['iteration']}")
             if rank == 0 and info["iteration"] == args.estimate_after and info["epoch"] == 0:
                 per_step = (time.perf_counter() - t_start) / args.estimate_after
                 log(f"estimate: {per_step * len(loader):.1f} s per epoch, "
                     f"{per_step * len(loader) * args.epochs / 60:.1f} min for {args.epochs} epochs")
 
-        history = fit(net, loader, epochs=args.epochs, optimizer=opt, device=device,
+        history = fit(net, loader, epochs=args.epochs, optimizer=opt, device=device, val_loader=val_loader,
                       loss_fn=torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing),
                       scheduler=sched, scheduler_step=step_on, amp=args.amp, checkpoint=args.checkpoint,
                       resume=args.checkpoint is not None, save_checkpoints=rank == 0, progress=False, callback=on_step)
         for e in history.epochs:
-            log(f"epoch {e['epoch']}: train loss {e['train_loss']:.4f}, train accuracy {e['train_accuracy']:.4f}, "
+            val = f", validation accuracy {e['val_accuracy']:.4f}" if "val_accuracy" in e else ""
+            log(f"epoch {e['epoch']}: train loss {e['train_loss']:.4f}, train accuracy {e['train_accuracy']:.4f}{val}, "
                 f"{e['seconds']:.1f} s, lr {e['lr']:.4g}")
         if rank == 0:
-            test_metrics = evaluate(model, test_loader, device, amp=args.amp)
-            log(f"test accuracy {test_metrics['accuracy']:.4f} on {test_metrics['count']} images")
+            test_metrics = {"accuracy": None}
+            if not args.no_val:
+                test_metrics = evaluate(model, test_loader, device, amp=args.amp)
+                log(f"test accuracy {test_metrics['accuracy']:.4f} on {test_metrics['count']} images")
             record = {"world_size": world, "backend": backend, "device": device.type, "global_batch": global_batch,
                       "lr": lr, "epochs": args.epochs, "train_images": len(train_ds), "source": train.source,
                       "epoch_seconds": [e["seconds"] for e in history.epochs],
@@ -205,8 +215,9 @@ def check_world_size(nproc: int, device: str) -> None:
     if device.startswith("cuda"):
         have = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if nproc > have:
-            raise ValueError(f"asked for {nproc} GPU worker(s) but this machine has {have} GPU(s): use at most {have}, "
-                             "or device='cpu' to run the workers as CPU processes (gloo)")
+            fix = f"use at most {have}, or" if have else "use"
+            raise ValueError(f"asked for {nproc} GPU worker(s) but this machine has {have} GPU(s): {fix} "
+                             "device='cpu' to run the workers as CPU processes (gloo)")
 
 
 def _torchrun(nproc: int, args: list, *, nnodes: int = 1, rdzv: str | None = None, max_restarts: int = 0) -> list:
@@ -306,16 +317,23 @@ def _env(nproc_total: int) -> dict:
 
 
 def launch(nproc: int, args: list, *, device: str = "cpu", timeout: float = 900, echo: bool = True,
-           max_restarts: int = 0) -> RunResult:
+           max_restarts: int = 0, torchrun: bool = True) -> RunResult:
     """Start ``torchrun --nproc_per_node=nproc -m helpers.distributed ARGS`` and stream its output (notebook 05).
 
+    ``torchrun=False`` runs one plain process (``python -m helpers.distributed``, no DDP) as the baseline.
     Raises ``ValueError`` for more GPU workers than GPUs, ``RuntimeError`` with the last lines of the log if a
     rank fails (torchrun then stops the others), ``TimeoutError`` if it runs past ``timeout`` seconds.
     """
     check_world_size(nproc, device)
     dev_type = "cuda" if device.startswith("cuda") else "cpu"
-    return _run([_torchrun(nproc, [*args, "--device", dev_type], max_restarts=max_restarts)], timeout=timeout,
-                echo=echo, env=_env(nproc), prefixes=[""])
+    args = [*map(str, args), "--device", dev_type]
+    if not torchrun:
+        if nproc != 1:
+            raise ValueError("a plain process (torchrun=False) is one process: pass nproc=1")
+        cmd = [sys.executable, "-m", "helpers.distributed", *args]
+    else:
+        cmd = _torchrun(nproc, args, max_restarts=max_restarts)
+    return _run([cmd], timeout=timeout, echo=echo, env=_env(nproc), prefixes=[""])
 
 
 def launch_local_nodes(nnodes: int, nproc_per_node: int, args: list, *, device: str = "cpu", timeout: float = 900,

@@ -92,9 +92,16 @@ def _autocast(device: torch.device, dtype):
     return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
 
 
+def _unwrap(model: nn.Module) -> nn.Module:
+    # A DDP wrapper's forward may start collectives (buffer broadcasts) that the other ranks would not join:
+    # evaluation on one rank must call the plain module inside it.
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
 def evaluate(model: nn.Module, loader, device="cpu", *, loss_fn=None, amp=False, host_inputs=()) -> dict:
     """Mean loss and accuracy of ``model`` over ``loader`` without gradients (MATLAB ``testnet``; notebook 01)."""
     device = pick_device(device)
+    model = _unwrap(model)
     loss_fn = loss_fn or nn.CrossEntropyLoss()
     dtype = resolve_amp(amp, device)
     was_training = model.training
@@ -120,6 +127,7 @@ def evaluate(model: nn.Module, loader, device="cpu", *, loss_fn=None, amp=False,
 def predict(model: nn.Module, loader, device="cpu", *, host_inputs=(), amp=False) -> tuple[torch.Tensor, torch.Tensor]:
     """Scores and targets for every batch, gathered on the CPU (MATLAB ``minibatchpredict``; notebook 01)."""
     device = pick_device(device)
+    model = _unwrap(model)
     dtype = resolve_amp(amp, device)
     was_training = model.training
     model.eval()
