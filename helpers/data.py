@@ -260,3 +260,18 @@ class ImageTensorDataset(Dataset):
     def __getitem__(self, i):
         img = self.data.images[i]
         return (self.transform(img) if self.transform else img.float() / 255), self.data.labels[i]
+
+
+def cifar10_or_standin(quick: bool, cifar10_dir=None, per_class: tuple = (None, None)) -> tuple:
+    """``(train, test, note)``: CIFAR-10 as ``load_cifar10`` finds it; in quick mode only, a synthetic stand-in
+    when it is missing, with ``note`` saying so (``None`` for the real data). Full mode raises the clear error."""
+    try:
+        return (load_cifar10("train", cifar10_dir, per_class=per_class[0]),
+                load_cifar10("test", cifar10_dir, per_class=per_class[1]), None)
+    except FileNotFoundError as err:
+        if not quick:
+            raise
+        n_train, n_test = 10 * (per_class[0] or 100), 10 * (per_class[1] or 50)
+        note = (f"**CIFAR-10 not found — using a synthetic stand-in (NOT CIFAR-10) for this quick run.** Accuracies "
+                f"below say nothing about CIFAR-10. Reason: {err}")
+        return synthetic_images(n_train), synthetic_images(n_test, noise_seed=1), note

@@ -314,7 +314,7 @@ def fit(model: nn.Module, train_loader, *, epochs: int, optimizer: torch.optim.O
         if resume_rng is not None:
             _set_rng_state(resume_rng[1])
             resume_rng = None
-        losses, first_iteration = [], iteration
+        losses, lrs, first_iteration = [], [], iteration
         loss_sum = torch.zeros((), device=device)
         correct = torch.zeros((), device=device, dtype=torch.long)
         seen = 0
@@ -322,16 +322,15 @@ def fit(model: nn.Module, train_loader, *, epochs: int, optimizer: torch.optim.O
 
         def flush(batch_in_epoch: int) -> None:
             # one device->host copy for all the losses since the last flush
-            nonlocal losses, loss_sum, correct, seen, first_iteration, t0
-            lr = optimizer.param_groups[0]["lr"]
+            nonlocal losses, lrs, loss_sum, correct, seen, first_iteration, t0
             for i, value in enumerate(torch.stack(losses).tolist() if losses else []):
                 history.iterations.append({"iteration": first_iteration + i + 1, "epoch": epoch, "loss": value,
-                                           "lr": lr})
+                                           "lr": lrs[i]})
             partial["loss_sum"] += loss_sum.item()
             partial["correct"] += int(correct.item())
             partial["seen"] += seen
             partial["seconds"] += time.perf_counter() - t0
-            losses, first_iteration, seen = [], iteration, 0
+            losses, lrs, first_iteration, seen = [], [], iteration, 0
             loss_sum.zero_()
             correct.zero_()
             t0 = time.perf_counter()
@@ -346,6 +345,7 @@ def fit(model: nn.Module, train_loader, *, epochs: int, optimizer: torch.optim.O
             if grad_clip is not None:
                 scaler.unscale_(optimizer)
                 nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+            lrs.append(optimizer.param_groups[0]["lr"])  # the rate this step used
             scaler.step(optimizer)
             scaler.update()
             if scheduler is not None and scheduler_step == "batch":

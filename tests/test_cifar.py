@@ -66,3 +66,20 @@ def test_conv_block_net_matches_the_matlab_layout():
     small = ConvBlockNet((8, 16), depth=1, batch_norm=False)
     assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in small.modules())
     assert small(torch.randn(1, 3, 32, 32)).shape == (1, 10)
+
+
+def test_stand_in_only_in_quick_mode(tmp_path, monkeypatch):
+    from helpers.data import cifar10_or_standin
+
+    monkeypatch.delenv("COURSE_CIFAR10_DIR", raising=False)
+    train, test, note = cifar10_or_standin(True, tmp_path, per_class=(3, 2))
+    assert len(train) == 30 and len(test) == 20 and "NOT CIFAR-10" in note and "NOT CIFAR-10" in train.source
+    with pytest.raises(FileNotFoundError):
+        cifar10_or_standin(False, tmp_path)
+
+
+def test_real_data_has_no_stand_in_note(cifar_dir):
+    from helpers.data import cifar10_or_standin
+
+    train, test, note = cifar10_or_standin(True, cifar_dir, per_class=(2, 1))
+    assert note is None and len(train) == 20 and len(test) == 10

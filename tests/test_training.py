@@ -209,3 +209,13 @@ def test_train_step_repeats_one_full_step_on_a_fixed_batch():
     for _ in range(30):
         last = step().item()
     assert last < 0.5 * first, (first, last)
+
+
+def test_history_records_the_rate_each_step_used():
+    ds = _problem(32)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (step + 1))
+    hist = fit(model, DataLoader(ds, batch_size=8), epochs=1, optimizer=opt, scheduler=sched, scheduler_step="batch",
+               progress=False)
+    assert [r["lr"] for r in hist.iterations] == pytest.approx([1.0, 1 / 2, 1 / 3, 1 / 4])

@@ -1,0 +1,147 @@
+"""Measure data movement between host memory and a device (taught in notebook 03).
+
+Every function also runs on a CPU-only machine (host-to-host copies), so the same code is tested everywhere;
+pinned memory and CUDA events need CUDA and are only used there.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+
+import torch
+
+from .devices import pick_device, synchronize
+from .timing import time_fn
+
+KIB, MIB, GIB = 2**10, 2**20, 2**30
+# PCIe: transfer rate per lane in GT/s and line-code efficiency, by generation
+_PCIE = {1: (2.5, 8 / 10), 2: (5.0, 8 / 10), 3: (8.0, 128 / 130), 4: (16.0, 128 / 130), 5: (32.0, 128 / 130),
+         6: (64.0, 242 / 256)}
+
+
+def gbps(nbytes: int, seconds: float) -> float:
+    """Bandwidth in GB/s (10^9 bytes per second), the unit PCIe and NVLink are quoted in."""
+    if seconds <= 0:
+        raise ValueError("seconds must be positive")
+    return nbytes / seconds / 1e9
+
+
+def transfer_sizes(smallest: int = 4 * KIB, largest: int = GIB, factor: int = 4) -> list[int]:
+    """Sizes in bytes from ``smallest`` to ``largest``, each ``factor`` times the previous."""
+    sizes, n = [], smallest
+    while n <= largest:
+        sizes.append(n)
+        n *= factor
+    return sizes
+
+
+def format_bytes(n: int) -> str:
+    """``4096`` -> ``"4 KiB"``, ``2**30`` -> ``"1 GiB"``."""
+    for unit, scale in (("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
+        if n >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n} B"
+
+
+def host_buffer(nbytes: int, pinned: bool = False) -> torch.Tensor:
+    """A ``uint8`` host tensor of ``nbytes``; page-locked (pinned) if asked, which needs CUDA."""
+    t = torch.empty(nbytes, dtype=torch.uint8)
+    if pinned:
+        if not torch.cuda.is_available():
+            raise ValueError("pinned (page-locked) memory needs a CUDA device; use pinned=False on this machine")
+        t = t.pin_memory()
+    return t.fill_(1)
+
+
+def copy_bandwidth(nbytes: int, src="cpu", dst="cuda", *, pinned: bool = False, non_blocking: bool = False,
+                   min_run_time: float = 0.2) -> dict:
+    """GB/s of ``dst_buffer.copy_(src_buffer)`` for ``nbytes``, timed with a synchronised clock (notebook 03).
+
+    ``pinned`` applies to whichever side is host memory. Returns a plain dict (a record for results files).
+    """
+    src, dst = pick_device(src), pick_device(dst)
+    host_side = src.type == "cpu" or dst.type == "cpu"
+    if pinned and not host_side:
+        raise ValueError("pinned applies to host memory: one side must be the CPU")
+    a = host_buffer(nbytes, pinned and src.type == "cpu") if src.type == "cpu" else \
+        torch.ones(nbytes, dtype=torch.uint8, device=src)
+    b = host_buffer(nbytes, pinned and dst.type == "cpu") if dst.type == "cpu" else \
+        torch.empty(nbytes, dtype=torch.uint8, device=dst)
+    sync_on = dst if dst.type != "cpu" else src
+    t = time_fn(lambda: b.copy_(a, non_blocking=non_blocking), sync_on, warmup=2, min_run_time=min_run_time,
+                label=f"copy {format_bytes(nbytes)} {src}->{dst}")
+    return {"bytes": nbytes, "src": str(src), "dst": str(dst), "pinned": pinned, "non_blocking": non_blocking,
+            "seconds": t.median_s, "gbps": gbps(nbytes, t.median_s)}
+
+
+def cuda_event_copy_gbps(nbytes: int, repeats: int = 20) -> float:
+    """Pinned host->GPU bandwidth timed with plain CUDA events, no helpers in the way (benchmark reference)."""
+    if not torch.cuda.is_available():
+        raise ValueError("CUDA events need a CUDA device")
+    a = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
+    b = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    for _ in range(3):
+        b.copy_(a, non_blocking=True)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(repeats):
+        start.record()
+        b.copy_(a, non_blocking=True)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    times.sort()
+    return gbps(nbytes, times[len(times) // 2])
+
+
+def pcie_link() -> dict | None:
+    """The GPU's current PCIe generation and width from ``nvidia-smi`` and its theoretical GB/s, or None."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, "--query-gpu=pcie.link.gen.current,pcie.link.width.current",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10)
+        gen, width = (int(v) for v in out.stdout.splitlines()[0].split(","))
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+    return pcie_theoretical(gen, width)
+
+
+def pcie_theoretical(gen: int, width: int) -> dict:
+    """Theoretical one-direction bandwidth of a PCIe link, e.g. gen 4 x16 -> about 31.5 GB/s."""
+    if gen not in _PCIE:
+        raise ValueError(f"unknown PCIe generation {gen}")
+    rate, efficiency = _PCIE[gen]
+    return {"generation": gen, "width": width, "gbps": rate * efficiency * width / 8}
+
+
+def overlapped_steps(batches: list, compute, device, *, overlap: bool) -> float:
+    """Seconds to copy each host batch to ``device`` and run ``compute`` on it, with or without overlap (notebook 03).
+
+    With ``overlap`` on CUDA, batch i+1 is copied on a side stream while batch i is computed (the copy engine and
+    the compute engine work at once); elsewhere, and without ``overlap``, copy and compute alternate.
+    """
+    device = pick_device(device)
+    use_stream = overlap and device.type == "cuda"
+    side = torch.cuda.Stream(device) if use_stream else None
+    synchronize(device)
+    t0 = time.perf_counter()
+    if use_stream:
+        main = torch.cuda.current_stream(device)
+        with torch.cuda.stream(side):
+            nxt = batches[0].to(device, non_blocking=True)
+        for i in range(len(batches)):
+            main.wait_stream(side)  # the copy of batch i is done before compute uses it
+            cur = nxt
+            cur.record_stream(main)  # its memory is in use on the main stream too
+            if i + 1 < len(batches):
+                with torch.cuda.stream(side):
+                    nxt = batches[i + 1].to(device, non_blocking=True)
+            compute(cur)
+    else:
+        for b in batches:
+            compute(b.to(device, non_blocking=overlap))
+    synchronize(device)
+    return time.perf_counter() - t0
