@@ -275,3 +275,24 @@ def cifar10_or_standin(quick: bool, cifar10_dir=None, per_class: tuple = (None, 
         note = (f"**CIFAR-10 not found — using a synthetic stand-in (NOT CIFAR-10) for this quick run.** Accuracies "
                 f"below say nothing about CIFAR-10. Reason: {err}")
         return synthetic_images(n_train), synthetic_images(n_test, noise_seed=1), note
+
+
+def batch_augment(images: torch.Tensor, *, padding: int = 4, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Random ±``padding``-pixel crop and horizontal flip of a whole ``uint8`` batch on its own device (notebook 04).
+
+    The same augmentation as ``cifar10_transform(train=True)``, as a few batched tensor operations instead of
+    a Python call per image, so it can run on the GPU when the CPU cannot keep up. Returns normalised float32.
+    """
+    n, c, h, w = images.shape
+    dev = images.device
+    shifts = torch.randint(0, 2 * padding + 1, (2, n), generator=generator).to(dev)
+    flips = (torch.rand(n, generator=generator) < 0.5).to(dev)
+    padded = torch.nn.functional.pad(images, (padding,) * 4)
+    rows = (torch.arange(h, device=dev)[None, :] + shifts[0][:, None])  # (n, h)
+    cols = (torch.arange(w, device=dev)[None, :] + shifts[1][:, None])  # (n, w)
+    cols = torch.where(flips[:, None], cols.flip(1), cols)
+    out = padded[torch.arange(n, device=dev)[:, None, None, None], torch.arange(c, device=dev)[None, :, None, None],
+                 rows[:, None, :, None], cols[:, None, None, :]]
+    mean = torch.tensor(CIFAR10_MEAN, device=dev).view(1, c, 1, 1)
+    std = torch.tensor(CIFAR10_STD, device=dev).view(1, c, 1, 1)
+    return (out.float() / 255 - mean) / std

@@ -57,7 +57,7 @@ def _parse(argv):
     ap.add_argument("--workers", type=int, default=0, help="DataLoader worker processes per rank")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--checkpoint", help="checkpoint file: written by rank 0 each epoch, resumed from if present")
-    ap.add_argument("--val-limit", type=int, default=0, help="validate each epoch on the first N test images (0: all)")
+    ap.add_argument("--val-limit", type=int, default=0, help="validate each epoch on a fixed random N test images (0: all)")
     ap.add_argument("--no-val", action="store_true", help="skip the per-epoch validation and the final test")
     ap.add_argument("--out", help="results JSON (written by rank 0)")
     ap.add_argument("--params-out", help="final parameters as a .pt file (rank 0)")
@@ -121,7 +121,10 @@ def main(argv=None) -> int:
         loader = DataLoader(train_ds, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers,
                             pin_memory=pin, persistent_workers=args.workers > 0)
         test_loader = DataLoader(test_ds, batch_size=512, num_workers=args.workers, pin_memory=pin)
-        val_ds = Subset(test_ds, range(args.val_limit)) if 0 < args.val_limit < len(test_ds) else test_ds
+        val_ds = test_ds
+        if 0 < args.val_limit < len(test_ds):  # a fixed random subset: every class, as in the full test set
+            keep = torch.randperm(len(test_ds), generator=torch.Generator().manual_seed(4321))[:args.val_limit]
+            val_ds = Subset(test_ds, keep.sort().values.tolist())
         val_loader = DataLoader(val_ds, batch_size=512, pin_memory=pin) if rank == 0 and not args.no_val else None
 
         torch.manual_seed(args.seed)  # identical initial weights on every rank
@@ -291,19 +294,21 @@ def _run(cmds: list, *, timeout: float, echo: bool, env: dict, prefixes: list) -
     code = next((c for c in codes if c != 0), 0)
     result = RunResult(code, output, time.perf_counter() - start)
     if code != 0:
-        raise RuntimeError(f"the distributed run failed (exit code {code}). {_first_error(output)}"
-                           f"Last lines of the log:\n" + "\n".join(output[-15:]))
+        first = _first_error(output)
+        raise RuntimeError(f"the distributed run failed (exit code {code}). {first}"
+                           f"Last lines of the log:\n" + "\n".join(output[-15 if first else -40:]))
     return result
 
 
-_ERROR_LINE = re.compile(r"^(?:\[(?:node \d+|rank\d+)\][: ]*)*((?:\w+\.)*\w*(?:Error|Exception|Exit)\b:?.*)$")
+_ERROR_LINE = re.compile(r"^(?:\[(?:node \d+|rank\d+)\][: ]*)*((?:\w+\.)*\w*(?:Error|Exception|Exit)\b:?.*"
+                         r"|terminate called.*|\s*what\(\):.*)$")
 
 
 def _first_error(output: list) -> str:
     """The first exception line a rank printed (the cause; later ones are usually its consequences)."""
     for line in output:
         m = _ERROR_LINE.match(line.strip())
-        if m and "ChildFailedError" not in line:
+        if m and m.group(1).strip() and "ChildFailedError" not in line:
             return f"First error: {m.group(1).strip()}\n"
     return ""
 

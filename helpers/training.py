@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import pickle
 import random
+import re
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -221,11 +222,11 @@ def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
-        first = str(exc).strip().splitlines()[0][:200]
+        found = re.search(r"GLOBAL ([\w.]+)", str(exc))
+        what = f"it asks to call or build {found.group(1)}" if found else "it holds objects other than tensors and plain data"
         raise CheckpointError(
-            f"refused to load {path}: it holds Python objects other than tensors and plain data ({first}). "
-            "Loading it would run code from the file; only load files you trust, and never with weights_only=False "
-            "for files you did not write."
+            f"refused to load {path}: {what}. Loading it with weights_only=False would run code from the file; "
+            "only do that for files you wrote yourself."
         ) from None
     except Exception as exc:  # truncated zip, bad magic number, short read ...
         prev = previous_path(path)

@@ -83,3 +83,24 @@ def test_real_data_has_no_stand_in_note(cifar_dir):
 
     train, test, note = cifar10_or_standin(True, cifar_dir, per_class=(2, 1))
     assert note is None and len(train) == 20 and len(test) == 10
+
+
+def test_batch_augment_crops_within_padding_and_flips():
+    from helpers.data import CIFAR10_MEAN, CIFAR10_STD, batch_augment
+
+    img = torch.arange(3 * 8 * 8, dtype=torch.float32).reshape(1, 3, 8, 8).remainder(251).to(torch.uint8)
+    batch = img.repeat(64, 1, 1, 1)
+    out = batch_augment(batch, padding=2, generator=torch.Generator().manual_seed(0))
+    assert out.shape == (64, 3, 8, 8) and out.dtype == torch.float32
+    mean, std = torch.tensor(CIFAR10_MEAN).view(1, 3, 1, 1), torch.tensor(CIFAR10_STD).view(1, 3, 1, 1)
+    raw = torch.round((out * std + mean) * 255)
+    padded = torch.nn.functional.pad(img.float(), (2, 2, 2, 2))[0]
+    found_flip = found_shift = False
+    for k in range(64):
+        matches = [(dy, dx, f) for dy in range(5) for dx in range(5) for f in (False, True)
+                   if torch.equal(raw[k], (padded[:, dy:dy + 8, dx:dx + 8].flip(2) if f else
+                                           padded[:, dy:dy + 8, dx:dx + 8]))]
+        assert matches, f"image {k} is not a shifted (and possibly flipped) crop"
+        found_flip |= any(f for _, _, f in matches)
+        found_shift |= any((dy, dx) != (2, 2) for dy, dx, _ in matches)
+    assert found_flip and found_shift

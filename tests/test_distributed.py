@@ -91,3 +91,14 @@ def test_more_gpu_workers_than_gpus_is_a_clear_error(monkeypatch):
     with pytest.raises(ValueError, match="at least 1"):
         check_world_size(0, "cpu")
     check_world_size(4, "cpu")  # CPU processes: as many as you like
+
+
+def test_first_error_finds_the_cause_not_the_consequences():
+    from helpers.distributed import _first_error
+
+    log = ["world size 2", "[rank1]: Traceback (most recent call last):", "[rank1]: ValueError: bad batch",
+           "[rank0]: RuntimeError: Connection closed by peer", "torch.distributed.elastic...ChildFailedError: "]
+    assert _first_error(log) == "First error: ValueError: bad batch\n"
+    assert _first_error(["[rank1]: terminate called after throwing an instance of 'gloo::IoException'"]).startswith(
+        "First error: terminate called")
+    assert _first_error(["epoch 1: fine", "done"]) == ""

@@ -149,7 +149,7 @@ def test_checkpoint_with_arbitrary_pickle_is_refused(tmp_path):
     path = tmp_path / "evil.pt"
     with open(path, "wb") as fh:
         torch.save({"model": {}, "payload": _Boom()}, fh)
-    with pytest.raises(CheckpointError, match="refused to load"):
+    with pytest.raises(CheckpointError, match=r"refused to load .*system"):
         load_checkpoint(path)
 
 
