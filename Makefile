@@ -39,8 +39,9 @@ bench: venv
 
 gpu-check: venv
 	@test -n "$(OUT)" || { echo "set OUT=<folder for the results>"; exit 2; }
-	$(PY) tools/run_course.py --device $(DEVICE) --out $(OUT)
+	-$(PY) tools/run_course.py --device $(DEVICE) --out $(OUT) --keep-going
 	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b | tee -a $(OUT)/benchmarks.txt || exit 1; done
+	@echo "Promote the results to references with: $(PY) tools/promote_reference.py $(OUT)/results"
 
 clean:
 	rm -rf build

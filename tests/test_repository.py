@@ -76,3 +76,19 @@ def test_runner_names_failing_notebook_and_cell(tmp_path):
     assert run.returncode == 1
     assert "[1/1] 98_broken.ipynb ... FAILED" in run.stdout
     assert "notebooks/98_broken.ipynb failed in cell 3 (counting from 1, `1 / 0`)" in run.stderr and "ZeroDivisionError" in run.stderr
+
+
+def test_promote_reference_copies_full_mode_results_only(tmp_path, monkeypatch):
+    sys.path.insert(0, str(ROOT / "tools"))
+    import promote_reference
+
+    from helpers import results
+
+    src = tmp_path / "results"
+    hw = {"name": "1x-test-gpu", "cpu": "x", "cpu_cores": 1, "gpus": [{"name": "Test GPU"}], "torch": "2.x"}
+    results.save_results("02_demo", {"v": 1}, quick=False, device="cuda:0", out_dir=src, hardware=hw)
+    results.save_results("03_demo", {"v": 1}, quick=True, device="cuda:0", out_dir=src, hardware=hw)
+    monkeypatch.setattr(promote_reference, "reference_dir", lambda: tmp_path / "reference")
+    assert promote_reference.main([str(src)]) == 0
+    assert [p.name for p in (tmp_path / "reference" / "1x-test-gpu").iterdir()] == ["02_demo.json"]
+    assert promote_reference.main([str(tmp_path / "empty")]) == 2

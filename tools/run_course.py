@@ -49,6 +49,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
     ap.add_argument("--only", default=None, help="comma-separated notebook prefixes, e.g. 00,01")
     ap.add_argument("--out", default=str(ROOT / "build"), help="folder for executed notebooks, results, report")
+    ap.add_argument("--keep-going", action="store_true", help="run the remaining notebooks after a failure")
     args = ap.parse_args(argv)
     try:
         pick_device(args.device)  # fail before starting any kernel
@@ -67,6 +68,7 @@ def main(argv=None) -> int:
     mode = "quick" if args.quick else "full"
     print(f"Running {len(todo)} notebook(s) in {mode} mode on device={args.device} ({hw['cpu']}; {gpus})", flush=True)
     start = time.perf_counter()
+    failed = []
     for i, nb in enumerate(todo, 1):
         target = out / "notebooks" / nb.name
         (results / f"{nb.stem}.json").unlink(missing_ok=True)
@@ -80,9 +82,15 @@ def main(argv=None) -> int:
             print(f"error: {nb.relative_to(ROOT)} failed in {failing_cell(target)}: "
                   f"{exc.ename}: {exc.evalue}\n"
                   f"The executed notebook with the full traceback is {target}", file=sys.stderr)
-            return 1
+            failed.append(nb.name)
+            if not args.keep_going:
+                return 1
+            continue
         print(f"done in {time.perf_counter() - t0:.0f} s", flush=True)
     report = write_report(results, out / "report.md")
+    if failed:
+        print(f"{len(failed)} of {len(todo)} notebook(s) failed: {', '.join(failed)}; report of the others: {report}")
+        return 1
     print(f"All {len(todo)} notebook(s) ran in {time.perf_counter() - start:.0f} s. "
           f"Executed notebooks: {out / 'notebooks'}; report: {report}")
     return 0

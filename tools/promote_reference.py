@@ -1,0 +1,44 @@
+"""Copy results measured on real hardware into data/reference/<hardware-name>/ (after `make gpu-check`).
+
+    python tools/promote_reference.py OUT/results [--force]
+
+Only full-mode results are promoted (quick-mode figures are not references). Each file keeps the hardware,
+driver and torch version it was measured with; commit the new folder with a message naming the machine.
+"""
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from helpers.results import load_results, reference_dir  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("results", help="a folder of results JSON files (build/results or $OUT/results)")
+    ap.add_argument("--force", action="store_true", help="replace existing reference files")
+    args = ap.parse_args(argv)
+    files = sorted(Path(args.results).glob("*.json"))
+    if not files:
+        print(f"error: no results files in {args.results}", file=sys.stderr)
+        return 2
+    for path in files:
+        rec = load_results(path)
+        if rec["quick"]:
+            print(f"skipped {path.name}: quick mode")
+            continue
+        target = reference_dir() / rec["hardware"]["name"] / path.name
+        if target.exists() and not args.force:
+            print(f"skipped {path.name}: {target} exists (use --force)")
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+        print(f"{path.name} -> {target.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
