@@ -36,7 +36,7 @@ def main(argv=None) -> int:
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, target)
-        print(f"{path.name} -> {target.relative_to(ROOT)}")
+        print(f"{path.name} -> {target}")
     return 0
 
 
