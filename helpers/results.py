@@ -11,6 +11,7 @@ import datetime as _dt
 import json
 import math
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -36,6 +37,33 @@ def results_dir() -> Path:
 def reference_dir() -> Path:
     """The committed reference results: ``<root>/data/reference``."""
     return project_root() / "data" / "reference"
+
+
+def work_dir(notebook: str) -> Path:
+    """A scratch folder for this run of ``notebook``: ``build/work/<notebook>/run-<pid>`` (notebooks 04, 05).
+
+    Each kernel gets its own folder, so two runs at once (say nbval and ``make run``) never overwrite each
+    other's files; folders of runs whose process has ended are removed first.
+    """
+    base = project_root() / "build" / "work" / notebook
+    base.mkdir(parents=True, exist_ok=True)
+    for old in base.glob("run-*"):
+        pid = old.name.removeprefix("run-")
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    path = base / f"run-{os.getpid()}"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def to_jsonable(value):

@@ -60,3 +60,16 @@ def test_report_collects_every_result(tmp_path):
     text = out.read_text()
     assert "## 00_a" in text and "## 01_b" in text and "| `speed` | 1.235 |" in text
     assert "Test CPU" in text and "quick mode: True" in text
+
+
+def test_work_dir_is_per_process_and_cleans_up_finished_runs(tmp_path, monkeypatch):
+    import os
+
+    monkeypatch.setattr(results, "project_root", lambda: tmp_path)
+    stale = tmp_path / "build" / "work" / "nb" / "run-999999999"  # no such process
+    stale.mkdir(parents=True)
+    (stale / "big.pt").write_bytes(b"x")
+    path = results.work_dir("nb")
+    assert path == tmp_path / "build" / "work" / "nb" / f"run-{os.getpid()}" and path.is_dir()
+    assert not stale.exists()
+    assert results.work_dir("nb") == path  # the same run keeps its folder
