@@ -11,7 +11,6 @@ rank is a CPU process (backend ``gloo``). Several machines: ``--nnodes=2 --rdzv_
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
 import queue

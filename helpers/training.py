@@ -223,7 +223,8 @@ def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         found = re.search(r"GLOBAL ([\w.]+)", str(exc))
-        what = f"it asks to call or build {found.group(1)}" if found else "it holds objects other than tensors and plain data"
+        what = (f"it asks to call or build {found.group(1)}" if found
+                else "it holds objects other than tensors and plain data")
         raise CheckpointError(
             f"refused to load {path}: {what}. Loading it with weights_only=False would run code from the file; "
             "only do that for files you wrote yourself."
@@ -244,7 +245,8 @@ def fit(model: nn.Module, train_loader, *, epochs: int, optimizer: torch.optim.O
         loss_fn: Callable | None = None, val_loader=None, val_every: int | None = None, scheduler=None,
         scheduler_step: str = "epoch", amp=False, grad_clip: float | None = None, host_inputs=(),
         checkpoint: str | Path | None = None, checkpoint_every: int | None = None, resume: bool = False,
-        extra: dict | None = None, save_checkpoints: bool = True, progress: bool = True, callback: Callable[[dict], None] | None = None) -> History:
+        extra: dict | None = None, save_checkpoints: bool = True, progress: bool = True,
+        callback: Callable[[dict], None] | None = None) -> History:
     """Train ``model`` for ``epochs`` and return its ``History`` (MATLAB ``trainnet``; notebooks 00 and 01).
 
     - ``device``: ``"auto" | "cpu" | "cuda[:N]" | "mps"``; model and batches are moved there.

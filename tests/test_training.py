@@ -1,6 +1,5 @@
 """Unit tests of helpers.training: the fit loop, checkpoints, kill-and-resume."""
 import os
-import pickle
 import signal
 import subprocess
 import sys
