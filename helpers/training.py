@@ -143,27 +143,35 @@ def predict(model: nn.Module, loader, device="cpu", *, host_inputs=(), amp=False
     return torch.cat(scores).cpu(), torch.cat(targets).cpu()
 
 
+def _optimizer_step(model, optimizer, scaler, loss_fn, inputs, target, device, dtype, grad_clip=None):
+    """Forward + loss under autocast, then backward, optional clipping and the (scaled) optimizer step."""
+    with _autocast(device, dtype):
+        out = model(*inputs)
+        loss = loss_fn(out, target)
+    optimizer.zero_grad(set_to_none=True)
+    scaler.scale(loss).backward()
+    if grad_clip is not None:
+        scaler.unscale_(optimizer)
+        nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    scaler.step(optimizer)
+    scaler.update()
+    return out, loss
+
+
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch, device="cpu", *, loss_fn=None, amp=False,
                host_inputs=()) -> Callable[[], torch.Tensor]:
     """One fixed batch, moved to ``device`` once; returns a function doing one full training step on it.
 
-    For timing compute alone (no data loading) with ``helpers.timing.time_fn`` (notebooks 01, 02, 06).
+    The step is the one ``fit`` takes (a ``GradScaler`` with fp16 included), for timing compute alone
+    (no data loading) with ``helpers.timing.time_fn`` (notebooks 01, 02, 06).
     """
     device = pick_device(device)
     model.to(device).train()
     loss_fn = loss_fn or nn.CrossEntropyLoss()
     dtype = resolve_amp(amp, device)
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     inputs, target = split_batch(batch, device, host_inputs)
-
-    def step() -> torch.Tensor:
-        with _autocast(device, dtype):
-            loss = loss_fn(model(*inputs), target)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        return loss
-
-    return step
+    return lambda: _optimizer_step(model, optimizer, scaler, loss_fn, inputs, target, device, dtype)[1]
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -317,63 +325,49 @@ def fit(model: nn.Module, train_loader, *, epochs: int, optimizer: torch.optim.O
         if resume_rng is not None:
             _set_rng_state(resume_rng[1])
             resume_rng = None
-        losses, lrs, first_iteration = [], [], iteration
-        loss_sum = torch.zeros((), device=device)
-        correct = torch.zeros((), device=device, dtype=torch.long)
-        seen = 0
+        # per step, only references are kept; flush() turns them into numbers with one device->host copy each
+        losses, corrects, sizes, lrs, first_iteration = [], [], [], [], iteration
         t0 = time.perf_counter()
 
-        def flush(batch_in_epoch: int) -> None:
-            # one device->host copy for all the losses since the last flush
-            nonlocal losses, lrs, loss_sum, correct, seen, first_iteration, t0
-            for i, value in enumerate(torch.stack(losses).tolist() if losses else []):
+        def flush() -> None:
+            nonlocal losses, corrects, sizes, lrs, first_iteration, t0
+            values = torch.stack(losses).tolist() if losses else []
+            for i, value in enumerate(values):
                 history.iterations.append({"iteration": first_iteration + i + 1, "epoch": epoch, "loss": value,
                                            "lr": lrs[i]})
-            partial["loss_sum"] += loss_sum.item()
-            partial["correct"] += int(correct.item())
-            partial["seen"] += seen
+            partial["loss_sum"] += sum(v * n for v, n in zip(values, sizes))
+            partial["correct"] += int(torch.stack(corrects).sum().item()) if corrects else 0
+            partial["seen"] += sum(sizes)
             partial["seconds"] += time.perf_counter() - t0
-            losses, lrs, first_iteration, seen = [], [], iteration, 0
-            loss_sum.zero_()
-            correct.zero_()
+            losses, corrects, sizes, lrs, first_iteration = [], [], [], [], iteration
             t0 = time.perf_counter()
 
         for b, batch in enumerate(batches, start=skip):
             inputs, target = split_batch(batch, device, host_inputs)
-            with _autocast(device, dtype):
-                out = model(*inputs)
-                loss = loss_fn(out, target)
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            if grad_clip is not None:
-                scaler.unscale_(optimizer)
-                nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-            lrs.append(optimizer.param_groups[0]["lr"])  # the rate this step used
-            scaler.step(optimizer)
-            scaler.update()
+            lrs.append(optimizer.param_groups[0]["lr"])  # the rate this step uses
+            out, loss = _optimizer_step(model, optimizer, scaler, loss_fn, inputs, target, device, dtype, grad_clip)
             if scheduler is not None and scheduler_step == "batch":
                 scheduler.step()
             iteration += 1
             detached = loss.detach()
             losses.append(detached)
-            loss_sum += detached * target.shape[0]
-            correct += (out.detach().argmax(1) == target).sum()
-            seen += target.shape[0]
+            corrects.append((out.detach().argmax(1) == target).sum())
+            sizes.append(target.shape[0])
             bar.update(1)
             if progress and iteration % 25 == 0:
                 bar.set_postfix(epoch=epoch + 1, loss=f"{detached.item():.3f}")
             if val_loader is not None and val_every and iteration % val_every == 0:
-                flush(b + 1)
+                flush()
                 validate(epoch)
                 t0 = time.perf_counter()  # validation time is not training time
             if checkpoint is not None and save_checkpoints and checkpoint_every and iteration % checkpoint_every == 0 \
                     and b + 1 < per_epoch:
-                flush(b + 1)
+                flush()
                 save_checkpoint(checkpoint, snapshot(epoch, b + 1, epoch_rng))
                 t0 = time.perf_counter()
             if callback is not None:
                 callback({"epoch": epoch, "batch": b, "iteration": iteration, "loss": detached})
-        flush(per_epoch)
+        flush()
         if scheduler is not None and scheduler_step == "epoch":
             scheduler.step()
         record = {"epoch": epoch + 1, "iteration": iteration,
