@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from helpers.training import fit  # noqa: E402
 
-REPS, EPOCHS, BATCH = 7, 3, 64
+REPS, EPOCHS, BATCH = 11, 5, 64
 
 
 def make():
