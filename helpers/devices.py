@@ -101,17 +101,28 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown CPU"
 
 
-def _nvidia_driver() -> str | None:
+def nvidia_smi(fields: list[str]) -> list[dict] | None:
+    """One row per GPU of ``nvidia-smi --query-gpu=FIELDS`` as ``{field: text}``, or None without nvidia-smi.
+
+    The one place the course asks ``nvidia-smi`` anything (driver version here, PCIe link in notebook 03).
+    """
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return None
     try:
-        out = subprocess.run([exe, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=10)
+        out = subprocess.run([exe, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
-    lines = out.stdout.strip().splitlines()
-    return lines[0].strip() if out.returncode == 0 and lines else None
+    if out.returncode != 0:
+        return None
+    rows = [[v.strip() for v in line.split(",")] for line in out.stdout.strip().splitlines() if line.strip()]
+    return [dict(zip(fields, row)) for row in rows if len(row) == len(fields)] or None
+
+
+def _nvidia_driver() -> str | None:
+    rows = nvidia_smi(["driver_version"])
+    return rows[0]["driver_version"] if rows else None
 
 
 def describe() -> dict:

@@ -1,34 +1,31 @@
-"""Data-parallel training with DDP, and a launcher for it (taught in notebook 05).
+"""The per-rank entry point of data-parallel training with DDP (taught in notebook 05).
 
-Run as a torchrun entry point (each process is one *rank*; torchrun sets RANK, LOCAL_RANK, WORLD_SIZE)::
+Run by ``torchrun`` (each process is one *rank*; torchrun sets RANK, LOCAL_RANK, WORLD_SIZE)::
 
     torchrun --standalone --nproc_per_node=2 -m helpers.distributed --data cifar.pt --epochs 2 --out run.json
 
 The same command with ``--device cuda`` uses one GPU per rank (backend ``nccl``); with ``--device cpu`` each
 rank is a CPU process (backend ``gloo``). Several machines: ``--nnodes=2 --rdzv_backend=c10d
---rdzv_endpoint=HOST:PORT`` on each. From Python (a notebook), ``launch`` starts torchrun as a subprocess.
+--rdzv_endpoint=HOST:PORT`` on each. From Python (a notebook), ``helpers.launcher.launch`` starts torchrun.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import queue
-import re
-import signal
-import socket
-import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .results import atomic_write_text, project_root
+from .results import atomic_write_text
 
-# ---------------------------------------------------------------- the entry point (runs inside each rank)
+REFERENCE_BATCH = 256   # --base-lr is the rate for this global batch; the linear scaling rule scales from it
+SUBSET_SEED = 1234      # --train-limit: the same random training subset on every rank and every run
+VAL_SUBSET_SEED = 4321  # --val-limit: the same random validation subset (every class, as in the test set)
+EVAL_BATCH = 512        # batch size for validation and the final test (no gradients: larger is fine)
 
 
 def _parse(argv):
@@ -37,8 +34,8 @@ def _parse(argv):
     ap.add_argument("--synthetic", type=int, default=0, help="use N synthetic training images instead of --data")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cpu: gloo processes; cuda: one GPU per rank")
     ap.add_argument("--epochs", type=int, default=1)
-    ap.add_argument("--batch-size", type=int, default=256, help="per rank (MATLAB: MiniBatchSize per GPU)")
-    ap.add_argument("--base-lr", type=float, default=0.1, help="learning rate for a global batch of 256")
+    ap.add_argument("--batch-size", type=int, default=256, help="per rank; the global batch (MATLAB MiniBatchSize) is this x world size")
+    ap.add_argument("--base-lr", type=float, default=0.1, help=f"learning rate for a global batch of {REFERENCE_BATCH}")
     ap.add_argument("--momentum", type=float, default=0.9)
     ap.add_argument("--weight-decay", type=float, default=1e-10, help="MATLAB L2Regularization")
     ap.add_argument("--schedule", choices=["piecewise", "onecycle", "cosine", "constant"], default="piecewise")
@@ -67,7 +64,7 @@ def _parse(argv):
 
 
 def _load_sets(args):
-    from .data import ImageSet, synthetic_images
+    from .cifar10 import ImageSet, synthetic_images
 
     if args.synthetic:  # same class patterns, fresh noise for the test images
         return synthetic_images(args.synthetic), synthetic_images(max(args.synthetic // 5, 10), noise_seed=1)
@@ -77,24 +74,28 @@ def _load_sets(args):
     return ImageSet(**state["train"]), ImageSet(**state["test"])
 
 
-def main(argv=None) -> int:
-    """The torchrun entry point: train ConvBlockNet with DDP and write results on rank 0 (notebook 05)."""
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    from torch.utils.data import DataLoader, DistributedSampler, Subset
+@dataclass
+class Rank:
+    """Who this process is in the job, and where it computes."""
 
-    from .data import ImageTensorDataset, cifar10_transform
-    from .models import ConvBlockNet
-    from .training import evaluate, fit, seed_everything
+    rank: int
+    local_rank: int
+    world: int
+    device: torch.device
+    backend: str
+    use_pg: bool  # launched by torchrun (even with one process): a process group exists
 
-    args = _parse(argv)
-    rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
-    world = int(os.environ.get("WORLD_SIZE", 1))
-
-    def log(*parts):
-        if rank == 0:
+    def log(self, *parts) -> None:
+        if self.rank == 0:
             print(*parts, flush=True)
 
+
+def _join(args) -> Rank:
+    """Read torchrun's variables, pick this rank's device, and join the process group."""
+    import torch.distributed as dist
+
+    rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
     if args.device == "cuda":
         if torch.cuda.device_count() <= local_rank:
             raise SystemExit(f"error: rank {rank} needs GPU {local_rank} but this node has {torch.cuda.device_count()} "
@@ -103,252 +104,142 @@ def main(argv=None) -> int:
         device, backend = torch.device("cuda", local_rank), "nccl"
     else:
         device, backend = torch.device("cpu"), "gloo"
-    use_pg = "RANK" in os.environ  # launched by torchrun (even with one process)
-    if use_pg:
+    me = Rank(rank, local_rank, world, device, backend, use_pg="RANK" in os.environ)
+    if me.use_pg:
         dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+    return me
+
+
+def _fixed_subset(dataset, limit: int, seed: int):
+    """A fixed random subset of ``limit`` items (all of them when ``limit`` is 0 or too large)."""
+    from torch.utils.data import Subset
+
+    if not 0 < limit < len(dataset):
+        return dataset
+    keep = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:limit]
+    return Subset(dataset, keep.sort().values.tolist())
+
+
+def _loaders(args, me: Rank, train, test):
+    """The rank's training loader (its DistributedSampler slice), a validation loader on rank 0, the test loader."""
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    from .cifar10 import ImageTensorDataset, cifar10_transform
+
+    train_ds = _fixed_subset(ImageTensorDataset(train, cifar10_transform(train=not args.no_augment)),
+                             args.train_limit, SUBSET_SEED)
+    test_ds = ImageTensorDataset(test, cifar10_transform(train=False))
+    sampler = DistributedSampler(train_ds, num_replicas=me.world, rank=me.rank, shuffle=not args.no_shuffle,
+                                 seed=args.seed)
+    pin = me.device.type == "cuda"
+    loader = DataLoader(train_ds, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers,
+                        pin_memory=pin, persistent_workers=args.workers > 0)
+    test_loader = DataLoader(test_ds, batch_size=EVAL_BATCH, num_workers=args.workers, pin_memory=pin)
+    val_loader = None
+    if me.rank == 0 and not args.no_val:
+        val_loader = DataLoader(_fixed_subset(test_ds, args.val_limit, VAL_SUBSET_SEED), batch_size=EVAL_BATCH,
+                                pin_memory=pin)
+    return loader, val_loader, test_loader
+
+
+def _model_and_optimizer(args, me: Rank, n_classes: int, steps_per_epoch: int):
+    """Identical initial weights on every rank, wrapped in DDP; SGD at the linearly scaled rate; its schedule."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from .models import ConvBlockNet
+    from .schedules import make_scheduler
+
+    torch.manual_seed(args.seed)  # identical initial weights on every rank
+    widths = tuple(int(w) for w in args.widths.split(","))
+    model = ConvBlockNet(widths, args.depth, n_classes=n_classes, batch_norm=not args.no_bn).to(me.device)
+    if args.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    net = DDP(model, device_ids=[me.local_rank] if me.device.type == "cuda" else None) if me.use_pg else model
+    lr = args.base_lr * args.batch_size * me.world / REFERENCE_BATCH  # the linear scaling rule
+    opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=args.momentum, weight_decay=args.weight_decay)
+    sched, step_on = make_scheduler(args.schedule, opt, epochs=args.epochs, steps_per_epoch=steps_per_epoch,
+                                    drop_period=args.drop_period, drop_factor=args.drop_factor)
+    return model, net, opt, sched, step_on
+
+
+def _step_hook(args, me: Rank, steps_per_epoch: int):
+    """The per-step callback: the injected failure (for tests) and rank 0's epoch-time estimate."""
+    t_start = time.perf_counter()
+
+    def on_step(info):
+        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        if info["iteration"] == args.fail_at_step and me.rank == args.fail_rank and first_attempt:
+            raise RuntimeError(f"injected failure on rank {me.rank} at step {info['iteration']}")
+        if info["iteration"] == args.estimate_after and info["epoch"] == 0:
+            per_step = (time.perf_counter() - t_start) / args.estimate_after
+            me.log(f"estimate: {per_step * steps_per_epoch:.1f} s per epoch, "
+                   f"{per_step * steps_per_epoch * args.epochs / 60:.1f} min for {args.epochs} epochs")
+
+    return on_step
+
+
+def _report(args, me: Rank, model, history, train_images: int, source: str, lr: float, test_loader) -> None:
+    """Rank 0: log the epochs, test once, write the results JSON and the final parameters."""
+    from .training import evaluate
+
+    for e in history.epochs:
+        val = f", validation accuracy {e['val_accuracy']:.4f}" if "val_accuracy" in e else ""
+        me.log(f"epoch {e['epoch']}: train loss {e['train_loss']:.4f}, train accuracy {e['train_accuracy']:.4f}{val}, "
+               f"{e['seconds']:.1f} s, lr {e['lr']:.4g}")
+    if me.rank != 0:
+        return
+    accuracy = None
+    if not args.no_val:
+        test = evaluate(model, test_loader, me.device, amp=args.amp)
+        accuracy = test["accuracy"]
+        me.log(f"test accuracy {accuracy:.4f} on {test['count']} images")
+    record = {"world_size": me.world, "backend": me.backend, "device": me.device.type,
+              "global_batch": args.batch_size * me.world, "lr": lr, "epochs": args.epochs,
+              "train_images": train_images, "source": source,
+              "epoch_seconds": [e["seconds"] for e in history.epochs],
+              "images_per_s": [train_images / e["seconds"] for e in history.epochs],
+              "test_accuracy": accuracy, "history": history.state_dict(), "args": vars(args)}
+    if args.out:
+        atomic_write_text(Path(args.out), json.dumps(record, indent=1) + "\n")
+    if args.params_out:
+        torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, args.params_out)
+
+
+def train(args, me: Rank) -> None:
+    """Train ConvBlockNet with DDP on this rank: data slice, replica, fit, and rank 0's report."""
+    from .training import fit, seed_everything
+
+    seed_everything(args.seed + me.rank)  # different augmentation draws per rank; weights come from rank 0
+    train_set, test_set = _load_sets(args)
+    loader, val_loader, test_loader = _loaders(args, me, train_set, test_set)
+    model, net, opt, sched, step_on = _model_and_optimizer(args, me, len(train_set.classes), len(loader))
+    lr = opt.param_groups[0]["lr"]
+    how = f"world size {me.world} ({me.backend} on {me.device.type})" if me.use_pg else \
+        f"one process on {me.device.type}, no DDP"
+    me.log(f"{how}, {len(loader.dataset)} training images from {train_set.source}, batch {args.batch_size} per rank = "
+           f"{args.batch_size * me.world} global, lr {lr:.4g} ({args.schedule}), {len(loader)} steps per epoch")
+    history = fit(net, loader, epochs=args.epochs, optimizer=opt, device=me.device, val_loader=val_loader,
+                  loss_fn=torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing), scheduler=sched,
+                  scheduler_step=step_on, amp=args.amp, checkpoint=args.checkpoint,
+                  resume=args.checkpoint is not None, save_checkpoints=me.rank == 0, progress=False,
+                  callback=_step_hook(args, me, len(loader)))
+    _report(args, me, model, history, len(loader.dataset), train_set.source, lr, test_loader)
+
+
+def main(argv=None) -> int:
+    """The torchrun entry point: join the process group, train, leave it (notebook 05)."""
+    import torch.distributed as dist
+
+    args = _parse(argv)
+    me = _join(args)
     try:
-        seed_everything(args.seed + rank)  # different augmentation draws per rank; weights come from rank 0
-        train, test = _load_sets(args)
-        train_ds = ImageTensorDataset(train, cifar10_transform(train=not args.no_augment))
-        if 0 < args.train_limit < len(train_ds):  # the same subset on every rank and every run
-            keep = torch.randperm(len(train_ds), generator=torch.Generator().manual_seed(1234))[:args.train_limit]
-            train_ds = Subset(train_ds, keep.sort().values.tolist())
-        test_ds = ImageTensorDataset(test, cifar10_transform(train=False))
-        sampler = DistributedSampler(train_ds, num_replicas=world, rank=rank, shuffle=not args.no_shuffle,
-                                     seed=args.seed)
-        pin = device.type == "cuda"
-        loader = DataLoader(train_ds, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers,
-                            pin_memory=pin, persistent_workers=args.workers > 0)
-        test_loader = DataLoader(test_ds, batch_size=512, num_workers=args.workers, pin_memory=pin)
-        val_ds = test_ds
-        if 0 < args.val_limit < len(test_ds):  # a fixed random subset: every class, as in the full test set
-            keep = torch.randperm(len(test_ds), generator=torch.Generator().manual_seed(4321))[:args.val_limit]
-            val_ds = Subset(test_ds, keep.sort().values.tolist())
-        val_loader = DataLoader(val_ds, batch_size=512, pin_memory=pin) if rank == 0 and not args.no_val else None
-
-        torch.manual_seed(args.seed)  # identical initial weights on every rank
-        widths = tuple(int(w) for w in args.widths.split(","))
-        model = ConvBlockNet(widths, args.depth, n_classes=len(train.classes), batch_norm=not args.no_bn).to(device)
-        if args.channels_last:
-            model = model.to(memory_format=torch.channels_last)
-        net = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None) if use_pg else model
-        global_batch = args.batch_size * world
-        lr = args.base_lr * global_batch / 256  # the linear scaling rule
-        opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=args.momentum, weight_decay=args.weight_decay)
-        step_on = "epoch"
-        if args.schedule == "piecewise":
-            sched = torch.optim.lr_scheduler.StepLR(opt, step_size=args.drop_period, gamma=args.drop_factor)
-        elif args.schedule == "cosine":
-            sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.epochs)
-        elif args.schedule == "onecycle":
-            sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=args.epochs * len(loader))
-            step_on = "batch"
-        else:
-            sched = None
-        how = f"world size {world} ({backend} on {device.type})" if use_pg else f"one process on {device.type}, no DDP"
-        log(f"{how}, {len(train_ds)} training images from {train.source}, "
-            f"batch {args.batch_size} per rank = {global_batch} global, lr {lr:.4g} ({args.schedule}), "
-            f"{len(loader)} steps per epoch")
-
-        t_start = time.perf_counter()
-
-        def on_step(info):
-            first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
-            if info["iteration"] == args.fail_at_step and rank == args.fail_rank and first_attempt:
-                raise RuntimeError(f"injected failure on rank {rank} at step {info['iteration']}")
-            if rank == 0 and info["iteration"] == args.estimate_after and info["epoch"] == 0:
-                per_step = (time.perf_counter() - t_start) / args.estimate_after
-                log(f"estimate: {per_step * len(loader):.1f} s per epoch, "
-                    f"{per_step * len(loader) * args.epochs / 60:.1f} min for {args.epochs} epochs")
-
-        history = fit(net, loader, epochs=args.epochs, optimizer=opt, device=device, val_loader=val_loader,
-                      loss_fn=torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing),
-                      scheduler=sched, scheduler_step=step_on, amp=args.amp, checkpoint=args.checkpoint,
-                      resume=args.checkpoint is not None, save_checkpoints=rank == 0, progress=False, callback=on_step)
-        for e in history.epochs:
-            val = f", validation accuracy {e['val_accuracy']:.4f}" if "val_accuracy" in e else ""
-            log(f"epoch {e['epoch']}: train loss {e['train_loss']:.4f}, train accuracy {e['train_accuracy']:.4f}{val}, "
-                f"{e['seconds']:.1f} s, lr {e['lr']:.4g}")
-        if rank == 0:
-            test_metrics = {"accuracy": None}
-            if not args.no_val:
-                test_metrics = evaluate(model, test_loader, device, amp=args.amp)
-                log(f"test accuracy {test_metrics['accuracy']:.4f} on {test_metrics['count']} images")
-            record = {"world_size": world, "backend": backend, "device": device.type, "global_batch": global_batch,
-                      "lr": lr, "epochs": args.epochs, "train_images": len(train_ds), "source": train.source,
-                      "epoch_seconds": [e["seconds"] for e in history.epochs],
-                      "images_per_s": [len(train_ds) / e["seconds"] for e in history.epochs],
-                      "test_accuracy": test_metrics["accuracy"], "history": history.as_dict(), "args": vars(args)}
-            if args.out:
-                atomic_write_text(Path(args.out), json.dumps(record, indent=1) + "\n")
-            if args.params_out:
-                torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, args.params_out)
-        if use_pg:
+        train(args, me)
+        if me.use_pg:
             dist.barrier()
     finally:
-        if use_pg and dist.is_initialized():
+        if me.use_pg and dist.is_initialized():
             dist.destroy_process_group()
     return 0
-
-
-# ---------------------------------------------------------------- the launcher (runs in the notebook)
-
-
-@dataclass
-class RunResult:
-    """What a launch returned: exit code, all output lines, seconds of wall time."""
-
-    returncode: int
-    output: list
-    seconds: float
-
-
-def free_port() -> int:
-    """An unused TCP port on 127.0.0.1 for the rendezvous."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def check_world_size(nproc: int, device: str) -> None:
-    """Refuse more GPU workers than GPUs, with the fix in the message (notebook 05)."""
-    if nproc < 1:
-        raise ValueError(f"nproc must be at least 1, not {nproc}")
-    if device.startswith("cuda"):
-        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if nproc > have:
-            fix = f"use at most {have}, or" if have else "use"
-            raise ValueError(f"asked for {nproc} GPU worker(s) but this machine has {have} GPU(s): {fix} "
-                             "device='cpu' to run the workers as CPU processes (gloo)")
-
-
-def _torchrun(nproc: int, args: list, *, nnodes: int = 1, rdzv: str | None = None, max_restarts: int = 0) -> list:
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}"]
-    if nnodes == 1 and rdzv is None:
-        cmd.append("--standalone")
-    else:
-        cmd += [f"--nnodes={nnodes}", "--rdzv_backend=c10d", f"--rdzv_endpoint={rdzv}", "--rdzv_id=course"]
-    if max_restarts:
-        cmd.append(f"--max-restarts={max_restarts}")
-    return cmd + ["-m", "helpers.distributed", *map(str, args)]
-
-
-def _run(cmds: list, *, timeout: float, echo: bool, env: dict, prefixes: list) -> RunResult:
-    """Run commands together, stream their lines, stop them all on timeout or when one fails."""
-    lines: "queue.Queue" = queue.Queue()
-    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                              start_new_session=True, cwd=project_root()) for c in cmds]
-
-    def pump(proc, prefix):
-        for line in proc.stdout:
-            lines.put(prefix + line.rstrip("\n"))
-
-    threads = [threading.Thread(target=pump, args=(p, pre), daemon=True) for p, pre in zip(procs, prefixes)]
-    for t in threads:
-        t.start()
-    output, start = [], time.perf_counter()
-
-    def stop_all():
-        for p in procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        deadline = time.perf_counter() + 10
-        for p in procs:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.perf_counter()))
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-
-    try:
-        while True:
-            try:
-                line = lines.get(timeout=0.2)
-                output.append(line)
-                if echo:
-                    print(line, flush=True)
-                continue
-            except queue.Empty:
-                pass
-            codes = [p.poll() for p in procs]
-            if all(c is not None for c in codes) and not any(t.is_alive() for t in threads):
-                break
-            if any(c not in (None, 0) for c in codes):
-                time.sleep(1.0)  # let the others report, then stop them
-                stop_all()
-            if time.perf_counter() - start > timeout:
-                stop_all()
-                tail = "\n".join(output[-30:])
-                raise TimeoutError(f"the distributed run took longer than {timeout:.0f} s and was stopped; "
-                                   f"last lines:\n{tail}")
-    except KeyboardInterrupt:
-        stop_all()
-        raise
-    finally:
-        stop_all()
-    codes = [p.returncode for p in procs]
-    code = next((c for c in codes if c != 0), 0)
-    result = RunResult(code, output, time.perf_counter() - start)
-    if code != 0:
-        first = _first_error(output)
-        raise RuntimeError(f"the distributed run failed (exit code {code}). {first}"
-                           f"Last lines of the log:\n" + "\n".join(output[-15 if first else -40:]))
-    return result
-
-
-_ERROR_LINE = re.compile(r"^(?:\[(?:node \d+|rank\d+)\][: ]*)*((?:\w+\.)*\w*(?:Error|Exception|Exit)\b:?.*"
-                         r"|terminate called.*|\s*what\(\):.*)$")
-
-
-def _first_error(output: list) -> str:
-    """The first exception line a rank printed (the cause; later ones are usually its consequences)."""
-    for line in output:
-        m = _ERROR_LINE.match(line.strip())
-        if m and m.group(1).strip() and "ChildFailedError" not in line:
-            return f"First error: {m.group(1).strip()}\n"
-    return ""
-
-
-def _env(nproc_total: int) -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(project_root())] + [p for p in [env.get("PYTHONPATH")] if p])
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_total)))
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    return env
-
-
-def launch(nproc: int, args: list, *, device: str = "cpu", timeout: float = 900, echo: bool = True,
-           max_restarts: int = 0, torchrun: bool = True) -> RunResult:
-    """Start ``torchrun --nproc_per_node=nproc -m helpers.distributed ARGS`` and stream its output (notebook 05).
-
-    ``torchrun=False`` runs one plain process (``python -m helpers.distributed``, no DDP) as the baseline.
-    Raises ``ValueError`` for more GPU workers than GPUs, ``RuntimeError`` with the last lines of the log if a
-    rank fails (torchrun then stops the others), ``TimeoutError`` if it runs past ``timeout`` seconds.
-    """
-    check_world_size(nproc, device)
-    dev_type = "cuda" if device.startswith("cuda") else "cpu"
-    args = [*map(str, args), "--device", dev_type]
-    if not torchrun:
-        if nproc != 1:
-            raise ValueError("a plain process (torchrun=False) is one process: pass nproc=1")
-        cmd = [sys.executable, "-m", "helpers.distributed", *args]
-    else:
-        cmd = _torchrun(nproc, args, max_restarts=max_restarts)
-    return _run([cmd], timeout=timeout, echo=echo, env=_env(nproc), prefixes=[""])
-
-
-def launch_local_nodes(nnodes: int, nproc_per_node: int, args: list, *, device: str = "cpu", timeout: float = 900,
-                       echo: bool = True) -> RunResult:
-    """Simulate ``nnodes`` machines on this one: one torchrun per "node", c10d rendezvous on 127.0.0.1 (notebook 05)."""
-    check_world_size(nproc_per_node, device)
-    dev_type = "cuda" if device.startswith("cuda") else "cpu"
-    rdzv = f"127.0.0.1:{free_port()}"
-    cmds = [_torchrun(nproc_per_node, [*args, "--device", dev_type], nnodes=nnodes, rdzv=rdzv) for _ in range(nnodes)]
-    return _run(cmds, timeout=timeout, echo=echo, env=_env(nnodes * nproc_per_node),
-                prefixes=[f"[node {i}] " for i in range(nnodes)])
 
 
 if __name__ == "__main__":

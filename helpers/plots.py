@@ -1,18 +1,47 @@
 """Figures, kept apart from measuring: each function draws data it is given (notebook 00 on).
 
-Every function returns the matplotlib ``Figure`` so a notebook can show or save it.
+Every function takes ``ax=None``: pass an ``Axes`` (or, for the two-panel figures, a pair of them) to draw into
+a figure of your own, or leave it out and get a new figure. Each returns the ``Axes`` it drew on.
 """
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
 
-def training_progress(history, title: str = "Training progress"):
-    """Loss and accuracy against iteration, with validation points (MATLAB ``Plots="training-progress"``)."""
-    hist = history.as_dict() if hasattr(history, "as_dict") else history
-    fig, (ax_acc, ax_loss) = plt.subplots(2, 1, figsize=(8, 5.5), sharex=True)
-    its = [r["iteration"] for r in hist["iterations"]]
-    ax_loss.plot(its, [r["loss"] for r in hist["iterations"]], lw=0.8, alpha=0.7, label="training (per iteration)")
+def _axes(ax, figsize, ncols: int = 1):
+    """The given axes, or new ones in a new figure (one or ``ncols`` side by side)."""
+    if ax is not None:
+        return ax
+    _, ax = plt.subplots(1, ncols, figsize=figsize)
+    return ax
+
+
+def _finish(ax, title: str | None = None, legend: bool = True, grid: bool = True) -> None:
+    if title:
+        ax.set_title(title)
+    if grid:
+        ax.grid(alpha=0.3, which="both")
+    if legend and ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize="small")
+    ax.figure.tight_layout()
+
+
+def _sorted_points(points: dict) -> tuple[list, list]:
+    xs = sorted(points, key=float)
+    return [float(x) for x in xs], [points[x] for x in xs]
+
+
+def training_progress(history, title: str = "Training progress", ax=None):
+    """Loss and accuracy against iteration, with validation points (MATLAB ``Plots="training-progress"``).
+
+    ``ax``: a pair ``(accuracy_axes, loss_axes)``, or None for a new two-row figure.
+    """
+    hist = history.state_dict() if hasattr(history, "state_dict") else history
+    if ax is None:
+        _, ax = plt.subplots(2, 1, figsize=(8, 5.5), sharex=True)
+    ax_acc, ax_loss = ax
+    ax_loss.plot([r["iteration"] for r in hist["iterations"]], [r["loss"] for r in hist["iterations"]], lw=0.8,
+                 alpha=0.7, label="training (per iteration)")
     epochs = hist["epochs"]
     ax_acc.plot([e["iteration"] for e in epochs], [100 * e["train_accuracy"] for e in epochs], "o-", ms=3,
                 label="training (epoch mean)")
@@ -24,65 +53,202 @@ def training_progress(history, title: str = "Training progress"):
     ax_acc.set_ylabel("accuracy (%)")
     ax_loss.set_ylabel("loss")
     ax_loss.set_xlabel("iteration")
-    for ax in (ax_acc, ax_loss):
-        ax.grid(alpha=0.3)
-        ax.legend(loc="best", fontsize="small")
-    ax_acc.set_title(title)
-    fig.tight_layout()
-    return fig
+    _finish(ax_loss)
+    _finish(ax_acc, title)
+    return ax
 
 
 def compare_bars(values: dict, *, unit: str, title: str, baseline: str | None = None, references: dict | None = None,
-                 lower_is_better: bool = True):
+                 lower_is_better: bool = True, ax=None):
     """Bars of one figure per label, annotated with its ratio to ``baseline`` (notebook 00).
 
     ``values`` maps a label ("this machine: cpu") to a number; ``references`` maps a reference
     hardware name to a dict of the same shape and is drawn hatched beside them.
     """
     series = [("this machine", values)] + [(f"reference: {k}", v) for k, v in (references or {}).items()]
-    labels = [f"{label}" if name == "this machine" else f"{label}\n({name})"
-              for name, vals in series for label in vals]
+    labels = [label if name == "this machine" else f"{label}\n({name})" for name, vals in series for label in vals]
     heights = [v for _, vals in series for v in vals.values()]
-    hatches = ["" if name == "this machine" else "//" for name, vals in series for _ in vals]
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.4 * len(heights)), 3.8))
-    bars = ax.bar(range(len(heights)), heights, color=[f"C{i % 10}" for i in range(len(heights))], hatch=None)
-    for bar, hatch in zip(bars, hatches):
-        bar.set_hatch(hatch)
+    ax = _axes(ax, (max(5.0, 1.4 * len(heights)), 3.8))
+    bars = ax.bar(range(len(heights)), heights, color=[f"C{i % 10}" for i in range(len(heights))])
+    for bar, (name, _) in zip(bars, [(n, lab) for n, vals in series for lab in vals]):
+        bar.set_hatch("" if name == "this machine" else "//")
     base = values.get(baseline) if baseline else None
     for bar, h in zip(bars, heights):
-        text = f"{h:.3g} {unit}"
-        if base:
-            ratio = h / base
-            text += f"\n{ratio:.2g}× {baseline}"
+        text = f"{h:.3g} {unit}" + (f"\n{h / base:.2g}× {baseline}" if base else "")
         ax.annotate(text, (bar.get_x() + bar.get_width() / 2, h), ha="center", va="bottom", fontsize="small")
     ax.set_xticks(range(len(heights)), labels, fontsize="small")
     ax.set_ylabel(f"{unit} ({'lower' if lower_is_better else 'higher'} is better)")
-    ax.set_title(title)
     ax.margins(y=0.25)
-    fig.tight_layout()
-    return fig
+    _finish(ax, title, legend=False, grid=False)
+    return ax
 
 
 def compare_lines(series: dict, *, xlabel: str, ylabel: str, title: str, references: dict | None = None,
-                  logx: bool = True, logy: bool = False):
-    """Lines of y against x for each series ("cpu", "cuda:0", …), with reference series dashed (notebook 01)."""
-    fig, ax = plt.subplots(figsize=(7, 4))
+                  logx: bool = True, logy: bool = False, ax=None):
+    """Lines of y against x for each series ("cpu", "cuda:0", …), with reference series dashed (notebook 01).
+
+    ``series`` maps a name to ``{x: y}``; ``references`` maps a reference hardware name to such a dict.
+    """
+    ax = _axes(ax, (7, 4))
     for name, points in series.items():
-        xs = sorted(points, key=float)
-        ax.plot([float(x) for x in xs], [points[x] for x in xs], "o-", label=f"this machine: {name}")
+        ax.plot(*_sorted_points(points), "o-", label=f"this machine: {name}")
     for ref_name, ref_series in (references or {}).items():
         for name, points in ref_series.items():
-            xs = sorted(points, key=float)
-            ax.plot([float(x) for x in xs], [points[x] for x in xs], "s--", alpha=0.7,
-                    label=f"reference {ref_name}: {name}")
+            ax.plot(*_sorted_points(points), "s--", alpha=0.7, label=f"reference {ref_name}: {name}")
     if logx:
         ax.set_xscale("log", base=2)
     if logy:
         ax.set_yscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    return fig
+    _finish(ax, title)
+    return ax
+
+
+def scaling(speedup: dict, *, label: str, title: str, references: dict | None = None, ax=None):
+    """Speed-up against the number of workers, with the ideal linear line and reference curves (notebook 05)."""
+    ax = compare_lines({label: speedup}, xlabel="workers (GPUs or CPU processes)", references=references,
+                       ylabel="speed-up over one plain process (×)", title=title, logx=False, ax=ax)
+    top = max([float(k) for k in speedup] + [float(k) for r in (references or {}).values() for s in r.values()
+                                              for k in s])
+    ax.plot([1, top], [1, top], ":", color="gray", label="ideal (linear)")
+    _finish(ax, title)
+    return ax
+
+
+def confusion_matrix(confusion, classes: list, *, title: str, ax=None, xlabel: str = "predicted class",
+                     ylabel: str = "true class"):
+    """A confusion matrix (rows: true class, columns: predicted) with the counts written in (notebook 01)."""
+    ax = _axes(ax, (5.2, 4.5))
+    k = len(classes)
+    ax.imshow(confusion, cmap="Blues")
+    top = float(confusion.max())
+    for i in range(k):
+        for j in range(k):
+            if confusion[i, j]:
+                ax.text(j, i, int(confusion[i, j]), ha="center", va="center", fontsize="small",
+                        color="white" if float(confusion[i, j]) > top / 2 else "black")
+    ax.set_xticks(range(k), classes)
+    ax.set_yticks(range(k), classes)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    _finish(ax, title, legend=False, grid=False)
+    return ax
+
+
+def phase_bar(phase_ms: dict, *, title: str, ax=None, host_marker: str = "CPU"):
+    """One horizontal bar split into the phases of a step, host phases in orange (notebook 04)."""
+    ax = _axes(ax, (10, 1.9))
+    left, total = 0.0, sum(phase_ms.values())
+    for i, (name, ms) in enumerate(phase_ms.items()):
+        ax.barh(0, ms, left=left, color="tab:orange" if host_marker in name else f"C{i}", edgecolor="k")
+        if ms > 0.04 * total:
+            ax.text(left + ms / 2, 0, f"{name}\n{ms:.1f} ms", ha="center", va="center", fontsize="x-small")
+        left += ms
+    ax.set_yticks([])
+    ax.set_xlabel("milliseconds within one step (median)")
+    _finish(ax, title, legend=False, grid=False)
+    return ax
+
+
+def image_grid(images, titles: list | None = None, *, title: str = "", ncols: int = 8, ax=None):
+    """Images (``uint8`` or ``[0, 1]`` float, ``(N, C, H, W)``) in a grid, each with its title (notebooks 04, 05).
+
+    ``ax``: an array of at least ``len(images)`` axes, or None for a new figure.
+    """
+    if ax is None:
+        nrows = -(-len(images) // ncols)
+        _, ax = plt.subplots(nrows, ncols, figsize=(1.4 * ncols, 1.5 * nrows), squeeze=False)
+    flat = list(ax.flat) if hasattr(ax, "flat") else list(ax)
+    for i, a in enumerate(flat):
+        a.axis("off")
+        if i < len(images):
+            a.imshow(images[i].permute(1, 2, 0))
+            if titles:
+                a.set_title(titles[i], fontsize="small")
+    if title:
+        flat[0].figure.suptitle(title, fontsize="small")
+    return ax
+
+
+def lr_curves(curves: dict, *, title: str = "", steps_per_epoch: int | None = None, logy: bool = False, ax=None):
+    """Learning rate against optimizer step for each named schedule, epoch boundaries in grey (notebook 07)."""
+    ax = _axes(ax, (9, 3.8))
+    for name, values in curves.items():
+        ax.plot(range(len(values)), [max(v, 1e-30) for v in values] if logy else values, label=name)
+    n = max(len(v) for v in curves.values())
+    if steps_per_epoch:
+        for boundary in range(steps_per_epoch, n, steps_per_epoch):
+            ax.axvline(boundary, color="gray", lw=0.3)
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel("optimizer step" + (f" ({steps_per_epoch} per epoch; grey lines: epoch boundaries)"
+                                      if steps_per_epoch else ""))
+    ax.set_ylabel("learning rate" + (" (log)" if logy else ""))
+    _finish(ax, title, grid=False)
+    return ax
+
+
+def recipe_histories(runs: dict, *, title: str = "", ax=None):
+    """Training and validation accuracy, and learning rate, per epoch for named runs (notebook 05).
+
+    ``runs`` maps a name to a ``History.state_dict()``; ``ax`` is a pair ``(accuracy_axes, lr_axes)``.
+    """
+    ax = _axes(ax, (12, 3.8), ncols=2)
+    for k, (name, hist) in enumerate(runs.items()):
+        ep = hist["epochs"]
+        xs = [e["epoch"] for e in ep]
+        ax[0].plot(xs, [100 * e["train_accuracy"] for e in ep], "o-", ms=3, color=f"C{k}", label=f"{name}: training")
+        ax[0].plot(xs, [100 * e.get("val_accuracy", float("nan")) for e in ep], "s--", ms=3, color=f"C{k}",
+                   label=f"{name}: validation")
+        ax[1].plot(xs, [e["lr"] for e in ep], "o-", ms=3, label=name)
+    ax[0].set_ylabel("accuracy (%)")
+    ax[1].set_ylabel("learning rate at epoch end")
+    for a in ax:
+        a.set_xlabel("epoch")
+        _finish(a)
+    if title:
+        ax[0].figure.suptitle(title, fontsize="small")
+    return ax
+
+
+def float_formats(ax=None):
+    """Range (length of each bar) and precision (its height) of fp32, fp16 and bf16 (notebook 06)."""
+    import numpy as np
+    import torch
+
+    ax = _axes(ax, (8, 3.6))
+    x = np.logspace(-10, 40, 600)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        f = torch.finfo(dtype)
+        ok = (x >= f.smallest_normal) & (x <= f.max)
+        bits = round(-np.log2(f.eps))  # mantissa bits: eps = 2^-bits
+        ax.plot(x[ok], np.full(ok.sum(), f.eps), lw=3, label=f"{dtype}: relative step 2^-{bits}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("magnitude of the value")
+    ax.set_ylabel("relative spacing of neighbours")
+    _finish(ax, "Range (length of the bar) and precision (height) of each format")
+    return ax
+
+
+def ddp_diagram(ranks: int = 3, ax=None):
+    """A schematic of data parallelism: replicas on batch slices, gradients all-reduced (notebook 05)."""
+    ax = _axes(ax, (10, 3.6))
+    ax.set_xlim(0, 10)
+    ax.set_ylim(0, 4.2)
+    ax.axis("off")
+    width = 9.2 / ranks - 0.7
+    for r in range(ranks):
+        x = 0.4 + r * 9.2 / ranks
+        ax.add_patch(plt.Rectangle((x, 2.6), width, 1.2, fc="#dbe9f6", ec="k"))
+        ax.text(x + width / 2, 3.2, f"rank {r}\nbatch slice {r}  →  replica\nforward, backward", ha="center",
+                va="center", fontsize="small")
+        ax.annotate("", xy=(x + width / 2, 1.55), xytext=(x + width / 2, 2.55), arrowprops=dict(arrowstyle="<->"))
+        ax.text(x + width / 2 + 0.05, 2.05, "gradients", fontsize="x-small")
+    ax.add_patch(plt.Rectangle((0.4, 0.5), 9.2, 1.0, fc="#fde2c8", ec="k"))
+    ax.text(5, 1.0, "all-reduce: every rank gets the average gradient, then takes the same optimizer step",
+            ha="center", va="center", fontsize="small")
+    _finish(ax, "DistributedDataParallel: global batch = batch per rank × ranks, learning rate scaled with it",
+            legend=False, grid=False)
+    return ax

@@ -14,6 +14,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import BinaryIO, Callable
 
 import torch
 
@@ -85,18 +86,31 @@ def to_jsonable(value):
     raise TypeError(f"cannot store a {type(value).__name__} in a results file; convert it to numbers or text")
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename, so readers never see half a file."""
+def atomic_write(path: str | Path, write: Callable[[BinaryIO], object], *, keep_previous: Path | None = None) -> Path:
+    """Write a file so that readers never see half of it: temp file beside it, ``write(fh)``, fsync, rename.
+
+    With ``keep_previous``, an existing file is first renamed there (checkpoints keep ``*.prev.pt``). On any
+    error the temp file is removed and the old file is left as it was.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if keep_previous is not None and path.exists():
+            os.replace(path, keep_previous)
         os.replace(tmp, path)
-    except BaseException:
+    finally:
         Path(tmp).unlink(missing_ok=True)
-        raise
+    return path
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """``atomic_write`` for text (UTF-8): results files, reports."""
+    return atomic_write(path, lambda fh: fh.write(text.encode("utf-8")))
 
 
 def save_results(notebook: str, results: dict, *, quick: bool, device: str, out_dir: str | Path | None = None,

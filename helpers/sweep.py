@@ -19,7 +19,7 @@ def train_vowels(config: dict) -> dict:
     import torch
     from torch.utils.data import DataLoader
 
-    from .data import BucketBatchSampler, SequenceDataset, load_japanese_vowels, pad_collate
+    from .vowels import BucketBatchSampler, SequenceDataset, load_japanese_vowels, pad_collate
     from .labels import LabelEncoder
     from .models import SequenceClassifier
     from .training import evaluate, fit, seed_everything
@@ -35,9 +35,9 @@ def train_vowels(config: dict) -> dict:
                         collate_fn=pad_collate)
     model = SequenceClassifier(12, len(enc), hidden=config["hidden"], bidirectional=config.get("bidirectional", True))
     fit(model, loader, epochs=config["epochs"], optimizer=torch.optim.Adam(model.parameters(), lr=config["lr"]),
-        host_inputs=(1,), grad_clip=1.0, progress=False)
+        device="cpu", host_inputs=(1,), grad_clip=1.0, progress=False)
     test = DataLoader(SequenceDataset(xt, enc.encode(yt)), batch_size=128, collate_fn=pad_collate)
-    acc = evaluate(model, test, host_inputs=(1,))["accuracy"]
+    acc = evaluate(model, test, "cpu", host_inputs=(1,))["accuracy"]
     return {"config": dict(config), "accuracy": acc, "seconds": time.perf_counter() - t0}
 
 

@@ -13,6 +13,7 @@ from typing import Callable
 import logging
 
 import torch
+from torch import nn
 
 # torch.utils.benchmark imports cpp_extension, which warns "No CUDA runtime is found" on CPU-only machines
 # running a CUDA build of torch; nothing here compiles extensions, so that warning is noise for learners.
@@ -39,8 +40,15 @@ class Timing:
     runs: int
     calls_per_run: int
     times_s: list = field(default_factory=list)
+    items: int | None = None              # samples per call, when a call processes a batch
+    peak_memory_mb: float | None = None   # CUDA only: peak allocated memory while timing
 
-    def as_dict(self) -> dict:
+    @property
+    def items_per_s(self) -> float | None:
+        """Throughput: ``items`` per second at the median time (None when ``items`` is unknown)."""
+        return self.items / self.median_s if self.items else None
+
+    def state_dict(self) -> dict:
         return asdict(self)
 
     def __str__(self) -> str:
@@ -97,3 +105,42 @@ def time_unsynchronised(fn: Callable[[], object], repeats: int = 10) -> float:
         fn()
         times.append(timeit.default_timer() - t0)
     return statistics.median(times)
+
+
+def time_train_step(model: nn.Module, batch, device: str | torch.device = "auto", *, optimizer=None, amp=False,
+                    channels_last: bool = False, host_inputs=(), loss_fn=None, batch_on_host: bool = False,
+                    pinned: bool = False, warmup: int = 2, min_run_time: float = 0.2, label: str = "") -> Timing:
+    """Time one full training step (forward, loss, backward, optimizer) of ``model`` on a fixed ``batch``.
+
+    The step is ``helpers.training.optimizer_step``, the one ``fit`` takes. By default the batch is moved to
+    ``device`` once, so only compute is timed; ``batch_on_host=True`` copies it every step (from pinned memory
+    with ``non_blocking`` if ``pinned``), to time the transfer too (notebook 03). ``optimizer`` defaults to
+    ``SGD(lr=0.01)``; ``channels_last`` converts model and images. The result's ``items_per_s`` is samples/s and,
+    on CUDA, ``peak_memory_mb`` the peak allocated memory (notebooks 01-06).
+    """
+    from .devices import pick_device
+    from .training import make_scaler, optimizer_step, resolve_amp, split_batch
+
+    device = pick_device(device)
+    *inputs, target = batch
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+        inputs = [x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x for x in inputs]
+    model.to(device).train()
+    optimizer = optimizer or torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn, dtype = loss_fn or nn.CrossEntropyLoss(), resolve_amp(amp, device)
+    scaler = make_scaler(device, dtype)
+    host = [x.pin_memory() if pinned else x for x in (*inputs, target)]
+    fixed = split_batch(host, device, host_inputs)
+
+    def step():
+        ins, tgt = split_batch(host, device, host_inputs) if batch_on_host else fixed
+        return optimizer_step(model, optimizer, ins, tgt, loss_fn=loss_fn, scaler=scaler, device=device,
+                              dtype=dtype)[1]
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    t = time_fn(step, device, label=label or "training step", warmup=warmup, min_run_time=min_run_time)
+    t.items = int(target.shape[0])
+    t.peak_memory_mb = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+    return t

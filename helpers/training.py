@@ -6,7 +6,6 @@ Batches are tuples ``(*inputs, target)``; the model is called as ``model(*inputs
 """
 from __future__ import annotations
 
-import os
 import pickle
 import random
 import re
@@ -22,6 +21,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .devices import pick_device
+from .results import atomic_write
 
 CHECKPOINT_FORMAT = "helpers.training/1"
 
@@ -61,11 +61,11 @@ class History:
     validation: list = field(default_factory=list)   # {"iteration", "epoch", "loss", "accuracy"}
     epochs: list = field(default_factory=list)       # {"epoch", "train_loss", "train_accuracy", "seconds", ...}
 
-    def as_dict(self) -> dict:
+    def state_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "History":
+    def from_state_dict(cls, d: dict) -> "History":
         return cls(**{k: list(d.get(k, [])) for k in ("iterations", "validation", "epochs")})
 
     @property
@@ -89,17 +89,13 @@ def split_batch(batch, device: torch.device, host_inputs=()) -> tuple[list, torc
     return inputs, _to(target, device)
 
 
-def _autocast(device: torch.device, dtype):
-    return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
-
-
 def _unwrap(model: nn.Module) -> nn.Module:
     # A DDP wrapper's forward may start collectives (buffer broadcasts) that the other ranks would not join:
     # evaluation on one rank must call the plain module inside it.
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
-def evaluate(model: nn.Module, loader, device="cpu", *, loss_fn=None, amp=False, host_inputs=()) -> dict:
+def evaluate(model: nn.Module, loader, device="auto", *, loss_fn=None, amp=False, host_inputs=()) -> dict:
     """Mean loss and accuracy of ``model`` over ``loader`` without gradients (MATLAB ``testnet``; notebook 01)."""
     device = pick_device(device)
     model = _unwrap(model)
@@ -113,7 +109,7 @@ def evaluate(model: nn.Module, loader, device="cpu", *, loss_fn=None, amp=False,
     with torch.inference_mode():
         for batch in loader:
             inputs, target = split_batch(batch, device, host_inputs)
-            with _autocast(device, dtype):
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
                 out = model(*inputs)
                 loss = loss_fn(out.float(), target)
             loss_sum += loss * target.shape[0]
@@ -125,7 +121,7 @@ def evaluate(model: nn.Module, loader, device="cpu", *, loss_fn=None, amp=False,
     return {"loss": loss_sum.item() / count, "accuracy": correct.item() / count, "count": count}
 
 
-def predict(model: nn.Module, loader, device="cpu", *, host_inputs=(), amp=False) -> tuple[torch.Tensor, torch.Tensor]:
+def predict(model: nn.Module, loader, device="auto", *, host_inputs=(), amp=False) -> tuple[torch.Tensor, torch.Tensor]:
     """Scores and targets for every batch, gathered on the CPU (MATLAB ``minibatchpredict``; notebook 01)."""
     device = pick_device(device)
     model = _unwrap(model)
@@ -136,42 +132,56 @@ def predict(model: nn.Module, loader, device="cpu", *, host_inputs=(), amp=False
     with torch.inference_mode():
         for batch in loader:
             inputs, target = split_batch(batch, device, host_inputs)
-            with _autocast(device, dtype):
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
                 scores.append(model(*inputs).float())
             targets.append(target)
     model.train(was_training)
     return torch.cat(scores).cpu(), torch.cat(targets).cpu()
 
 
-def _optimizer_step(model, optimizer, scaler, loss_fn, inputs, target, device, dtype, grad_clip=None):
-    """Forward + loss under autocast, then backward, optional clipping and the (scaled) optimizer step."""
-    with _autocast(device, dtype):
+# ---------------------------------------------------------------- the step
+
+def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, inputs: list, target: torch.Tensor, *,
+                   loss_fn: Callable, scaler: torch.amp.GradScaler, device: torch.device, dtype=None,
+                   grad_clip: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One training step, the textbook loop: forward + loss under autocast, backward, step (notebook 00).
+
+    Autocast wraps the forward pass and the loss only. ``scaler`` multiplies the loss before ``backward`` and
+    divides the gradients before the step; it is a pass-through unless the dtype is fp16 (notebook 06).
+    """
+    with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
         out = model(*inputs)
         loss = loss_fn(out, target)
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(loss).backward()
     if grad_clip is not None:
-        scaler.unscale_(optimizer)
+        scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
         nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     scaler.step(optimizer)
     scaler.update()
     return out, loss
 
 
-def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch, device="cpu", *, loss_fn=None, amp=False,
+def make_scaler(device: torch.device, dtype) -> torch.amp.GradScaler:
+    """A ``GradScaler`` that is active only for fp16 autocast (bf16 and fp32 need no loss scaling)."""
+    return torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+
+
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch, device="auto", *, loss_fn=None, amp=False,
                host_inputs=()) -> Callable[[], torch.Tensor]:
     """One fixed batch, moved to ``device`` once; returns a function doing one full training step on it.
 
-    The step is the one ``fit`` takes (a ``GradScaler`` with fp16 included), for timing compute alone
-    (no data loading) with ``helpers.timing.time_fn`` (notebooks 01, 02, 06).
+    The step is the one ``fit`` takes (``optimizer_step``, a ``GradScaler`` with fp16 included), for timing
+    compute alone (no data loading) with ``helpers.timing.time_fn`` (notebooks 01, 02, 06).
     """
     device = pick_device(device)
     model.to(device).train()
     loss_fn = loss_fn or nn.CrossEntropyLoss()
     dtype = resolve_amp(amp, device)
-    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+    scaler = make_scaler(device, dtype)
     inputs, target = split_batch(batch, device, host_inputs)
-    return lambda: _optimizer_step(model, optimizer, scaler, loss_fn, inputs, target, device, dtype)[1]
+    return lambda: optimizer_step(model, optimizer, inputs, target, loss_fn=loss_fn, scaler=scaler, device=device,
+                                  dtype=dtype)[1]
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -205,21 +215,8 @@ def previous_path(path: str | Path) -> Path:
 
 
 def save_checkpoint(path: str | Path, state: dict) -> Path:
-    """Write ``state`` atomically: temp file, fsync, keep the old one as ``*.prev``, rename (notebook 00)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as fh:
-            torch.save(state, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        if path.exists():
-            os.replace(path, previous_path(path))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    """Write ``state`` atomically (temp file, fsync, rename), keeping the old one as ``*.prev`` (notebook 00)."""
+    return atomic_write(path, lambda fh: torch.save(state, fh), keep_previous=previous_path(path))
 
 
 def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
@@ -247,9 +244,180 @@ def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
     return state
 
 
-# ---------------------------------------------------------------- the loop
+# ---------------------------------------------------------------- the loop: fit = epochs of steps + bookkeeping
 
-def fit(model: nn.Module, train_loader, *, epochs: int, optimizer: torch.optim.Optimizer, device="cpu",
+class EpochMeter:
+    """Loss, accuracy, learning rates and training seconds of one epoch, cheap on the hot path.
+
+    ``add`` keeps references to the step's tensors; ``flush`` turns them into numbers with one device->host
+    copy (at validation, checkpoints and the epoch's end), so no step waits for the GPU just to log.
+    """
+
+    def __init__(self, epoch: int, iteration: int, totals: dict | None = None):
+        self.epoch = epoch
+        self.totals = dict(totals or {"loss_sum": 0.0, "correct": 0, "seen": 0, "seconds": 0.0})
+        self._reset(iteration)
+
+    def _reset(self, iteration: int) -> None:
+        self.losses, self.corrects, self.sizes, self.lrs = [], [], [], []
+        self.first_iteration = iteration
+        self.restart_clock()
+
+    def restart_clock(self) -> None:
+        """Start timing training again (validation and checkpoint writing are not training time)."""
+        self.t0 = time.perf_counter()
+
+    def add(self, loss: torch.Tensor, out: torch.Tensor, target: torch.Tensor, lr: float) -> None:
+        self.losses.append(loss.detach())
+        self.corrects.append((out.detach().argmax(1) == target).sum())
+        self.sizes.append(target.shape[0])
+        self.lrs.append(lr)
+
+    def flush(self, history: "History") -> None:
+        """Append the pending per-step records to ``history`` and add them to the epoch's totals."""
+        values = torch.stack(self.losses).tolist() if self.losses else []
+        for i, (value, lr) in enumerate(zip(values, self.lrs)):
+            history.iterations.append({"iteration": self.first_iteration + i + 1, "epoch": self.epoch,
+                                       "loss": value, "lr": lr})
+        t = self.totals
+        t["loss_sum"] += sum(v * n for v, n in zip(values, self.sizes))
+        t["correct"] += int(torch.stack(self.corrects).sum().item()) if self.corrects else 0
+        t["seen"] += sum(self.sizes)
+        t["seconds"] += time.perf_counter() - self.t0
+        self._reset(self.first_iteration + len(values))
+
+    def record(self, iteration: int, lr: float) -> dict:
+        """The epoch's summary for ``History.epochs`` (call after the last ``flush``)."""
+        seen = max(self.totals["seen"], 1)
+        return {"epoch": self.epoch + 1, "iteration": iteration, "train_loss": self.totals["loss_sum"] / seen,
+                "train_accuracy": self.totals["correct"] / seen, "seconds": self.totals["seconds"], "lr": lr}
+
+
+@dataclass
+class _Loop:
+    """What one ``fit`` call carries from step to step: the objects it trains and the options it was given."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    loss_fn: Callable
+    device: torch.device
+    amp: object
+    scheduler: object = None
+    scheduler_step: str = "epoch"
+    grad_clip: float | None = None
+    host_inputs: tuple = ()
+    val_loader: object = None
+    val_every: int | None = None
+    checkpoint: Path | None = None   # where to write checkpoints (None: never write)
+    checkpoint_every: int | None = None
+    extra: dict | None = None
+    callback: Callable | None = None
+    bar: object = None
+    history: History = field(default_factory=History)
+    iteration: int = 0
+
+    def __post_init__(self):
+        self.dtype = resolve_amp(self.amp, self.device)
+        self.scaler = make_scaler(self.device, self.dtype)
+
+    def snapshot(self, epoch: int, batch_in_epoch: int, epoch_rng: dict, totals: dict) -> dict:
+        """Everything needed to continue exactly here: weights, optimizer, scheduler, scaler, RNG, history."""
+        return {"format": CHECKPOINT_FORMAT, "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+                "scaler": self.scaler.state_dict(), "epoch": epoch, "batch_in_epoch": batch_in_epoch,
+                "iteration": self.iteration, "history": self.history.state_dict(), "partial": dict(totals),
+                "rng": _rng_state(), "epoch_rng": epoch_rng, "extra": self.extra or {}}
+
+    def restore(self, path: Path) -> tuple[int, int, dict, tuple]:
+        """Load a ``snapshot``; return (epoch, batches done in it, the epoch's totals so far, RNG states)."""
+        state = load_checkpoint(path, map_location=self.device)
+        if state.get("format") != CHECKPOINT_FORMAT:
+            raise CheckpointError(f"{path} was not written by helpers.training.fit; cannot resume from it")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state["scheduler"] is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.history = History.from_state_dict(state["history"])
+        self.iteration = state["iteration"]
+        return state["epoch"], state["batch_in_epoch"], dict(state["partial"]), (state["epoch_rng"], state["rng"])
+
+    def validate(self, epoch: int) -> None:
+        result = evaluate(self.model, self.val_loader, self.device, loss_fn=self.loss_fn, amp=self.amp,
+                          host_inputs=self.host_inputs)
+        self.history.validation.append({"iteration": self.iteration, "epoch": epoch, "loss": result["loss"],
+                                        "accuracy": result["accuracy"]})
+
+    def after_step(self, meter: EpochMeter, b: int, per_epoch: int, epoch_rng: dict, loss: torch.Tensor) -> None:
+        """Progress bar, validation and checkpoint cadence, and the caller's callback, after each step."""
+        it, epoch = self.iteration, meter.epoch
+        if self.bar is not None:
+            self.bar.update(1)
+            if it % 25 == 0:
+                self.bar.set_postfix(epoch=epoch + 1, loss=f"{loss.item():.3f}")
+        if self.val_loader is not None and self.val_every and it % self.val_every == 0:
+            meter.flush(self.history)
+            self.validate(epoch)
+            meter.restart_clock()
+        if self.checkpoint is not None and self.checkpoint_every and it % self.checkpoint_every == 0 \
+                and b + 1 < per_epoch:
+            meter.flush(self.history)
+            save_checkpoint(self.checkpoint, self.snapshot(epoch, b + 1, epoch_rng, meter.totals))
+            meter.restart_clock()
+        if self.callback is not None:
+            self.callback({"epoch": epoch, "batch": b, "iteration": it, "loss": loss})
+
+
+def _start_epoch(loader, epoch: int, skip: int, resume_rng: tuple | None):
+    """Set the samplers' epoch and, when resuming, replay the skipped batches under the saved RNG state."""
+    for holder in (getattr(loader, "batch_sampler", None), getattr(loader, "sampler", None)):
+        if hasattr(holder, "set_epoch"):
+            holder.set_epoch(epoch)
+    if resume_rng is not None:
+        _set_rng_state(resume_rng[0])
+    epoch_rng = _rng_state()
+    batches = iter(loader)
+    for _ in range(skip):
+        next(batches)  # replays the data order and augmentation draws of the interrupted epoch
+    if resume_rng is not None:
+        _set_rng_state(resume_rng[1])
+    return batches, epoch_rng
+
+
+def _train_epoch(loop: _Loop, loader, meter: EpochMeter, skip: int = 0, resume_rng: tuple | None = None) -> None:
+    """One pass over ``loader``: move each batch, take the step, let the loop do its bookkeeping."""
+    batches, epoch_rng = _start_epoch(loader, meter.epoch, skip, resume_rng)
+    per_epoch = len(loader)
+    for b, batch in enumerate(batches, start=skip):
+        inputs, target = split_batch(batch, loop.device, loop.host_inputs)
+        lr = loop.optimizer.param_groups[0]["lr"]  # the rate this step uses
+        out, loss = optimizer_step(loop.model, loop.optimizer, inputs, target, loss_fn=loop.loss_fn,
+                                   scaler=loop.scaler, device=loop.device, dtype=loop.dtype, grad_clip=loop.grad_clip)
+        if loop.scheduler is not None and loop.scheduler_step == "batch":
+            loop.scheduler.step()
+        loop.iteration += 1
+        meter.add(loss, out, target, lr)
+        loop.after_step(meter, b, per_epoch, epoch_rng, loss)
+
+
+def _end_epoch(loop: _Loop, meter: EpochMeter) -> None:
+    """Flush the meter, step a per-epoch scheduler, validate, record the epoch, write the checkpoint."""
+    meter.flush(loop.history)
+    if loop.scheduler is not None and loop.scheduler_step == "epoch":
+        loop.scheduler.step()
+    record = meter.record(loop.iteration, loop.optimizer.param_groups[0]["lr"])
+    if loop.val_loader is not None and not loop.val_every:
+        loop.validate(meter.epoch)
+    if loop.history.validation and loop.history.validation[-1]["epoch"] == meter.epoch:
+        record["val_loss"] = loop.history.validation[-1]["loss"]
+        record["val_accuracy"] = loop.history.validation[-1]["accuracy"]
+    loop.history.epochs.append(record)
+    if loop.checkpoint is not None:
+        save_checkpoint(loop.checkpoint, loop.snapshot(meter.epoch + 1, 0, _rng_state(), EpochMeter(0, 0).totals))
+
+
+def fit(model: nn.Module, train_loader, *, epochs: int, optimizer: torch.optim.Optimizer, device="auto",
         loss_fn: Callable | None = None, val_loader=None, val_every: int | None = None, scheduler=None,
         scheduler_step: str = "epoch", amp=False, grad_clip: float | None = None, host_inputs=(),
         checkpoint: str | Path | None = None, checkpoint_every: int | None = None, resume: bool = False,
@@ -271,118 +439,26 @@ def fit(model: nn.Module, train_loader, *, epochs: int, optimizer: torch.optim.O
     if scheduler_step not in ("batch", "epoch"):
         raise ValueError(f"scheduler_step must be 'batch' or 'epoch', not {scheduler_step!r}")
     device = pick_device(device)
-    model.to(device)
-    loss_fn = loss_fn or nn.CrossEntropyLoss()
-    dtype = resolve_amp(amp, device)
-    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
-    history = History()
-    start_epoch, skip, iteration = 0, 0, 0
-    partial = {"loss_sum": 0.0, "correct": 0, "seen": 0, "seconds": 0.0}
-    resume_rng = None
-    if checkpoint is not None and resume and Path(checkpoint).exists():
-        state = load_checkpoint(checkpoint, map_location=device)
-        if state.get("format") != CHECKPOINT_FORMAT:
-            raise CheckpointError(f"{checkpoint} was not written by helpers.training.fit; cannot resume from it")
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        if scheduler is not None and state["scheduler"] is not None:
-            scheduler.load_state_dict(state["scheduler"])
-        scaler.load_state_dict(state["scaler"])
-        history = History.from_dict(state["history"])
-        start_epoch, skip, iteration = state["epoch"], state["batch_in_epoch"], state["iteration"]
-        partial = dict(state["partial"])
-        resume_rng = (state["epoch_rng"], state["rng"])
-    elif checkpoint is not None and save_checkpoints and not resume and Path(checkpoint).exists():
-        warnings.warn(f"{checkpoint} exists and will be overwritten (pass resume=True to continue from it)",
-                      stacklevel=2)
-
-    def snapshot(epoch: int, batch_in_epoch: int, epoch_rng: dict) -> dict:
-        return {"format": CHECKPOINT_FORMAT, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict() if scheduler is not None else None,
-                "scaler": scaler.state_dict(), "epoch": epoch, "batch_in_epoch": batch_in_epoch,
-                "iteration": iteration, "history": history.as_dict(), "partial": dict(partial),
-                "rng": _rng_state(), "epoch_rng": epoch_rng, "extra": extra or {}}
-
-    def validate(epoch: int) -> None:
-        result = evaluate(model, val_loader, device, loss_fn=loss_fn, amp=amp, host_inputs=host_inputs)
-        history.validation.append({"iteration": iteration, "epoch": epoch, "loss": result["loss"],
-                                   "accuracy": result["accuracy"]})
-
+    loop = _Loop(model.to(device), optimizer, loss_fn or nn.CrossEntropyLoss(), device, amp, scheduler,
+                 scheduler_step, grad_clip, tuple(host_inputs), val_loader, val_every,
+                 Path(checkpoint) if checkpoint is not None and save_checkpoints else None, checkpoint_every, extra,
+                 callback)
+    start, skip, totals, resume_rng = 0, 0, None, None
+    if checkpoint is not None and Path(checkpoint).exists():
+        if resume:
+            start, skip, totals, resume_rng = loop.restore(Path(checkpoint))
+        elif save_checkpoints:
+            warnings.warn(f"{checkpoint} exists and will be overwritten (pass resume=True to continue from it)",
+                          stacklevel=2)
     per_epoch = len(train_loader)
-    bar = tqdm(total=epochs * per_epoch, initial=start_epoch * per_epoch + skip, disable=not progress,
-               desc="training", unit="it")
+    loop.bar = tqdm(total=epochs * per_epoch, initial=start * per_epoch + skip, desc="training", unit="it") \
+        if progress else None
     model.train()
-    for epoch in range(start_epoch, epochs):
-        for holder in (getattr(train_loader, "batch_sampler", None), getattr(train_loader, "sampler", None)):
-            if hasattr(holder, "set_epoch"):
-                holder.set_epoch(epoch)
-        if resume_rng is not None:
-            _set_rng_state(resume_rng[0])
-        epoch_rng = _rng_state()
-        batches = iter(train_loader)
-        for _ in range(skip):
-            next(batches)  # replays the data order and augmentation draws of the interrupted epoch
-        if resume_rng is not None:
-            _set_rng_state(resume_rng[1])
-            resume_rng = None
-        # per step, only references are kept; flush() turns them into numbers with one device->host copy each
-        losses, corrects, sizes, lrs, first_iteration = [], [], [], [], iteration
-        t0 = time.perf_counter()
-
-        def flush() -> None:
-            nonlocal losses, corrects, sizes, lrs, first_iteration, t0
-            values = torch.stack(losses).tolist() if losses else []
-            for i, value in enumerate(values):
-                history.iterations.append({"iteration": first_iteration + i + 1, "epoch": epoch, "loss": value,
-                                           "lr": lrs[i]})
-            partial["loss_sum"] += sum(v * n for v, n in zip(values, sizes))
-            partial["correct"] += int(torch.stack(corrects).sum().item()) if corrects else 0
-            partial["seen"] += sum(sizes)
-            partial["seconds"] += time.perf_counter() - t0
-            losses, corrects, sizes, lrs, first_iteration = [], [], [], [], iteration
-            t0 = time.perf_counter()
-
-        for b, batch in enumerate(batches, start=skip):
-            inputs, target = split_batch(batch, device, host_inputs)
-            lrs.append(optimizer.param_groups[0]["lr"])  # the rate this step uses
-            out, loss = _optimizer_step(model, optimizer, scaler, loss_fn, inputs, target, device, dtype, grad_clip)
-            if scheduler is not None and scheduler_step == "batch":
-                scheduler.step()
-            iteration += 1
-            detached = loss.detach()
-            losses.append(detached)
-            corrects.append((out.detach().argmax(1) == target).sum())
-            sizes.append(target.shape[0])
-            bar.update(1)
-            if progress and iteration % 25 == 0:
-                bar.set_postfix(epoch=epoch + 1, loss=f"{detached.item():.3f}")
-            if val_loader is not None and val_every and iteration % val_every == 0:
-                flush()
-                validate(epoch)
-                t0 = time.perf_counter()  # validation time is not training time
-            if checkpoint is not None and save_checkpoints and checkpoint_every and iteration % checkpoint_every == 0 \
-                    and b + 1 < per_epoch:
-                flush()
-                save_checkpoint(checkpoint, snapshot(epoch, b + 1, epoch_rng))
-                t0 = time.perf_counter()
-            if callback is not None:
-                callback({"epoch": epoch, "batch": b, "iteration": iteration, "loss": detached})
-        flush()
-        if scheduler is not None and scheduler_step == "epoch":
-            scheduler.step()
-        record = {"epoch": epoch + 1, "iteration": iteration,
-                  "train_loss": partial["loss_sum"] / max(partial["seen"], 1),
-                  "train_accuracy": partial["correct"] / max(partial["seen"], 1),
-                  "seconds": partial["seconds"], "lr": optimizer.param_groups[0]["lr"]}
-        if val_loader is not None and not val_every:
-            validate(epoch)
-        if history.validation and history.validation[-1]["epoch"] == epoch:
-            record["val_loss"] = history.validation[-1]["loss"]
-            record["val_accuracy"] = history.validation[-1]["accuracy"]
-        history.epochs.append(record)
-        partial = {"loss_sum": 0.0, "correct": 0, "seen": 0, "seconds": 0.0}
-        skip = 0
-        if checkpoint is not None and save_checkpoints:
-            save_checkpoint(checkpoint, snapshot(epoch + 1, 0, _rng_state()))
-    bar.close()
-    return history
+    for epoch in range(start, epochs):
+        meter = EpochMeter(epoch, loop.iteration, totals)
+        _train_epoch(loop, train_loader, meter, skip, resume_rng)
+        _end_epoch(loop, meter)
+        skip, totals, resume_rng = 0, None, None
+    if loop.bar is not None:
+        loop.bar.close()
+    return loop.history

@@ -5,13 +5,11 @@ pinned memory and CUDA events need CUDA and are only used there.
 """
 from __future__ import annotations
 
-import shutil
-import subprocess
 import time
 
 import torch
 
-from .devices import pick_device, synchronize
+from .devices import nvidia_smi, pick_device, synchronize
 from .timing import time_fn
 
 KIB, MIB, GIB = 2**10, 2**20, 2**30
@@ -96,15 +94,11 @@ def cuda_event_copy_gbps(nbytes: int, repeats: int = 20) -> float:
 
 
 def pcie_link() -> dict | None:
-    """The GPU's current PCIe generation and width from ``nvidia-smi`` and its theoretical GB/s, or None."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None
+    """The first GPU's current PCIe generation and width (``nvidia-smi``) and its theoretical GB/s, or None."""
+    rows = nvidia_smi(["pcie.link.gen.current", "pcie.link.width.current"])
     try:
-        out = subprocess.run([exe, "--query-gpu=pcie.link.gen.current,pcie.link.width.current",
-                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10)
-        gen, width = (int(v) for v in out.stdout.splitlines()[0].split(","))
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        gen, width = int(rows[0]["pcie.link.gen.current"]), int(rows[0]["pcie.link.width.current"])
+    except (TypeError, ValueError, KeyError, IndexError):
         return None
     return pcie_theoretical(gen, width)
 

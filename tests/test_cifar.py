@@ -4,7 +4,7 @@ import os
 import pytest
 import torch
 
-from helpers.data import (CIFAR10_CLASSES, ImageTensorDataset, cifar10_transform, load_cifar10, synthetic_images)
+from helpers.cifar10 import (CIFAR10_CLASSES, ImageTensorDataset, cifar10_transform, load_cifar10, synthetic_images)
 from helpers.models import ConvBlockNet
 
 
@@ -69,7 +69,7 @@ def test_conv_block_net_matches_the_matlab_layout():
 
 
 def test_stand_in_only_in_quick_mode(tmp_path, monkeypatch):
-    from helpers.data import cifar10_or_standin
+    from helpers.cifar10 import cifar10_or_standin
 
     monkeypatch.delenv("COURSE_CIFAR10_DIR", raising=False)
     train, test, note = cifar10_or_standin(True, tmp_path, per_class=(3, 2))
@@ -79,14 +79,14 @@ def test_stand_in_only_in_quick_mode(tmp_path, monkeypatch):
 
 
 def test_real_data_has_no_stand_in_note(cifar_dir):
-    from helpers.data import cifar10_or_standin
+    from helpers.cifar10 import cifar10_or_standin
 
     train, test, note = cifar10_or_standin(True, cifar_dir, per_class=(2, 1))
     assert note is None and len(train) == 20 and len(test) == 10
 
 
 def test_batch_augment_crops_within_padding_and_flips():
-    from helpers.data import CIFAR10_MEAN, CIFAR10_STD, batch_augment
+    from helpers.cifar10 import CIFAR10_MEAN, CIFAR10_STD, batch_augment
 
     img = torch.arange(3 * 8 * 8, dtype=torch.float32).reshape(1, 3, 8, 8).remainder(251).to(torch.uint8)
     batch = img.repeat(64, 1, 1, 1)

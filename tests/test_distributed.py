@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers.distributed import check_world_size, launch, launch_local_nodes
+from helpers.launcher import check_world_size, launch, launch_local_nodes
 
 COMMON = ["--synthetic", "256", "--widths", "8,16,16", "--depth", "1", "--no-bn", "--no-augment", "--epochs", "2",
           "--schedule", "piecewise", "--drop-period", "1", "--drop-factor", "0.5"]
@@ -94,7 +94,7 @@ def test_more_gpu_workers_than_gpus_is_a_clear_error(monkeypatch):
 
 
 def test_first_error_finds_the_cause_not_the_consequences():
-    from helpers.distributed import _first_error
+    from helpers.launcher import _first_error
 
     log = ["world size 2", "[rank1]: Traceback (most recent call last):", "[rank1]: ValueError: bad batch",
            "[rank0]: RuntimeError: Connection closed by peer", "torch.distributed.elastic...ChildFailedError: "]

@@ -43,7 +43,7 @@ def test_cpu_timing_record():
     assert t.device == "cpu" and t.label == "sleep"
     assert 0.0015 < t.median_s < 0.05
     assert t.min_s <= t.median_s <= t.max_s and t.iqr_s >= 0 and t.runs == len(t.times_s) >= 1
-    assert set(t.as_dict()) >= {"median_s", "iqr_s", "runs", "times_s"}
+    assert set(t.state_dict()) >= {"median_s", "iqr_s", "runs", "times_s"}
     assert "sleep on cpu: median" in str(t)
 
 

@@ -40,7 +40,7 @@ def test_fit_learns_and_records_history():
     assert hist.epochs[-1]["train_loss"] < hist.epochs[0]["train_loss"]
     assert hist.final["val_accuracy"] > 0.9, hist.final
     assert all(e["seconds"] > 0 for e in hist.epochs)
-    assert History.from_dict(hist.as_dict()) == hist
+    assert History.from_state_dict(hist.state_dict()) == hist
 
 
 def test_validation_every_n_iterations_and_scheduler_per_batch():

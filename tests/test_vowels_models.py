@@ -1,11 +1,11 @@
-"""Unit tests of helpers.data (Japanese Vowels, padding, bucketing) and helpers.models."""
+"""Unit tests of helpers.vowels (Japanese Vowels, padding, bucketing) and helpers.models."""
 from collections import Counter
 
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from helpers.data import (BucketBatchSampler, SequenceDataset, load_japanese_vowels, pad_collate,
+from helpers.vowels import (BucketBatchSampler, SequenceDataset, load_japanese_vowels, pad_collate,
                           padding_fraction)
 from helpers.models import SequenceClassifier
 

@@ -1,0 +1,120 @@
+"""What every notebook does the same way: the preamble, sizes per mode, exercise checks, showing source.
+
+``setup`` replaces the eight copies of "parameters → device → hardware banner → no-GPU notice → reference
+results" that opened the notebooks (notebook 00 explains each part).
+"""
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from . import course_parameters, devices, results
+
+NOT_ATTEMPTED = "not attempted"  # the placeholder an exercise cell starts with when None is a valid answer
+
+
+def _display_markdown(text: str) -> None:
+    try:
+        from IPython.display import Markdown, display
+    except ImportError:  # plain Python (a script, a test): print it
+        print(text)
+        return
+    display(Markdown(text))
+
+
+@dataclass
+class Lesson:
+    """One notebook's run: its name, mode, device, hardware, and the committed reference results."""
+
+    notebook: str
+    quick: bool
+    device: torch.device
+    hardware: dict
+    reference: dict = field(default_factory=dict)
+
+    @property
+    def on_gpu(self) -> bool:
+        """True on a CUDA or Apple GPU, False on the CPU."""
+        return self.device.type in ("cuda", "mps")
+
+    @property
+    def mode(self) -> str:
+        """``"quick"``, ``"cpu"`` or ``"gpu"``: which column of a notebook's size table applies."""
+        return "quick" if self.quick else ("gpu" if self.on_gpu else "cpu")
+
+    def sizes(self, *, quick: dict, cpu: dict, gpu: dict) -> SimpleNamespace:
+        """Pick this run's sizes from the notebook's table (one dict per mode, the same keys in each)."""
+        if not set(quick) == set(cpu) == set(gpu):
+            raise ValueError(f"the size table's modes name different sizes: quick {sorted(quick)}, cpu {sorted(cpu)}, "
+                             f"gpu {sorted(gpu)}")
+        return SimpleNamespace(**{"quick": quick, "cpu": cpu, "gpu": gpu}[self.mode])
+
+    def work_dir(self) -> Path:
+        """This run's scratch folder (see ``helpers.results.work_dir``)."""
+        return results.work_dir(self.notebook)
+
+    def save(self, record: dict) -> Path:
+        """Record the notebook's headline results with the hardware, mode and device (``build/results``)."""
+        path = results.save_results(self.notebook, record, quick=self.quick, device=str(self.device),
+                                    hardware=self.hardware)
+        print("recorded:", path)
+        return path
+
+    def reference_names(self) -> str:
+        return ", ".join(f"`{name}`" for name in self.reference)
+
+
+def setup(notebook: str, quick: bool, device: str, *, needs: str | None = "gpu", note: str = "") -> Lesson:
+    """The preamble of every notebook: parameters, device, "Your hardware" banner, no-GPU notice (notebook 00).
+
+    - ``COURSE_QUICK`` / ``COURSE_DEVICE`` (set by ``make test``) override ``quick`` and ``device``;
+    - ``device`` is checked (a one-line ``ValueError`` naming what exists);
+    - when the run lacks what the lesson ``needs`` (``"gpu"``: CUDA or MPS; ``"cuda"``; None: nothing), a visible
+      notice says so and names the committed
+      reference results that the figures will show instead (``note`` adds the lesson's own sentence).
+    """
+    quick, device = course_parameters(quick, device)
+    dev = devices.pick_device(device)
+    lesson = Lesson(notebook, quick, dev, devices.describe(), results.load_reference(notebook))
+    _display_markdown(f"**Your hardware** (this notebook runs on `{dev}`, quick mode: {quick})\n\n"
+                      + devices.describe_markdown(lesson.hardware))
+    if (needs == "gpu" and not lesson.on_gpu) or (needs == "cuda" and dev.type != "cuda"):
+        refs = (f"GPU results appear from committed reference runs ({lesson.reference_names()})." if lesson.reference
+                else "No GPU reference result is committed yet for this notebook.")
+        what = "No GPU" if needs == "gpu" else "No CUDA GPU"
+        _display_markdown(" ".join(p for p in (f"**{what} in use here.**", note, refs) if p))
+    return lesson
+
+
+def check(answer, expected=None, *, test=None, rel_tol: float | None = None, hint: str = "",
+          unset=None) -> bool:
+    """An exercise's self-check: "not attempted" while ``answer`` is ``unset``, else assert it (with ``hint``).
+
+    Compare with ``expected`` (within ``rel_tol`` if given), or pass ``test``, a function of the answer that
+    returns True when it is right. Returns True when the answer was checked and right.
+    """
+    if answer is unset or (isinstance(unset, str) and answer == unset):
+        print("Not attempted yet: replace the placeholder above (the solution is in the cell below).")
+        return False
+    if test is not None:
+        ok = bool(test(answer))
+    elif rel_tol is not None:
+        ok = math.isclose(answer, expected, rel_tol=rel_tol)
+    else:
+        ok = answer == expected
+    assert ok, f"{answer!r} is not it. {hint}".strip()
+    print(f"Correct: {answer}")
+    return True
+
+
+def show_source(obj) -> str:
+    """Show the source of a helper as a code block, so what the notebook shows is what runs (notebooks 01, 03)."""
+    code = inspect.getsource(obj)
+    where = Path(inspect.getsourcefile(obj)).relative_to(results.project_root())
+    _display_markdown(f"`{where}`:\n\n```python\n{code}```")
+    return code

@@ -1,0 +1,107 @@
+"""The house rules that keep the course readable (issue: "the house"), checked on every commit.
+
+- No function or method in ``helpers`` is longer than 50 lines (nested functions count towards the outer one).
+- No notebook code cell is longer than 30 lines.
+- Plot functions take ``ax`` so figures compose; every public helper names the lesson that teaches it.
+- Code shown in a notebook as a helper "in full" is generated from the helper (``show_source``), never pasted.
+- ``tools/`` and ``benchmarks/`` import the installed package: no ``sys.path`` edits.
+"""
+import ast
+import inspect
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+HELPERS = sorted((ROOT / "helpers").glob("*.py"))
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+MAX_FUNCTION_LINES, MAX_CELL_LINES = 50, 30
+
+
+def _functions(path):
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node
+
+
+def long_functions(path, limit=MAX_FUNCTION_LINES):
+    """(name, lines) of every function longer than ``limit`` lines, decorators and docstring included."""
+    found = []
+    for node in _functions(path):
+        first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+        lines = node.end_lineno - first + 1
+        if lines > limit:
+            found.append((node.name, lines))
+    return found
+
+
+def long_cells(path, limit=MAX_CELL_LINES):
+    nb = json.loads(path.read_text())
+    return [(i, len("".join(c["source"]).splitlines())) for i, c in enumerate(nb["cells"])
+            if c["cell_type"] == "code" and len("".join(c["source"]).splitlines()) > limit]
+
+
+@pytest.mark.parametrize("path", HELPERS, ids=lambda p: p.name)
+def test_no_helper_function_over_50_lines(path):
+    assert long_functions(path) == [], f"{path.name}: split these functions (name, lines)"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_notebook_code_cell_over_30_lines(path):
+    assert long_cells(path) == [], f"{path.name}: split these cells (index, lines)"
+
+
+def test_the_length_checks_can_fail(tmp_path):
+    body = "\n".join(f"    x{i} = {i}" for i in range(60))
+    src = tmp_path / "long.py"
+    src.write_text(f"def short():\n    return 1\n\n\ndef long():\n{body}\n    return x0\n")
+    assert long_functions(src) == [("long", 62)]
+    cell = {"cell_type": "code", "source": ["x = 1\n"] * 31, "metadata": {}, "outputs": [], "execution_count": None}
+    nb = tmp_path / "n.ipynb"
+    nb.write_text(json.dumps({"cells": [cell]}))
+    assert long_cells(nb) == [(0, 31)]
+
+
+def test_every_plot_function_takes_ax():
+    from helpers import plots
+
+    public = [f for name, f in inspect.getmembers(plots, inspect.isfunction)
+              if not name.startswith("_") and f.__module__ == plots.__name__]
+    assert len(public) >= 8
+    for f in public:
+        assert "ax" in inspect.signature(f).parameters, f"plots.{f.__name__} must take ax=None"
+        assert inspect.signature(f).parameters["ax"].default is None
+
+
+@pytest.mark.parametrize("path", HELPERS, ids=lambda p: p.name)
+def test_public_helpers_name_their_lesson(path):
+    tree = ast.parse(path.read_text())
+    missing = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_"):
+            doc = ast.get_docstring(node) or ""
+            if not doc:
+                missing.append(node.name)
+    assert missing == [], f"{path.name}: public names without a docstring: {missing}"
+    assert re.search(r"notebook|lesson", ast.get_docstring(tree) or "", re.I), \
+        f"{path.name}: the module docstring should name the notebook that teaches it"
+
+
+def test_no_pasted_copy_of_a_helper_in_markdown():
+    """A markdown code block presented as a helper's code "in full" / "exactly" drifts: use course.show_source."""
+    for path in NOTEBOOKS:
+        for i, cell in enumerate(json.loads(path.read_text())["cells"]):
+            text = "".join(cell["source"])
+            if cell["cell_type"] == "markdown" and "```python" in text:
+                lead = text.split("```python")[0].lower()
+                assert not re.search(r"in full|does exactly this|here it is", lead), \
+                    f"{path.name} cell {i}: show the helper with helpers.course.show_source instead of a copy"
+
+
+@pytest.mark.parametrize("folder", ["tools", "benchmarks"])
+def test_scripts_import_the_installed_package(folder):
+    for path in sorted((ROOT / folder).glob("*.py")):
+        assert "sys.path" not in path.read_text(), f"{path.relative_to(ROOT)} edits sys.path"
