@@ -9,14 +9,12 @@ import io
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from helpers.training import fit  # noqa: E402
+from helpers.training import fit
 
 REPS, EPOCHS, BATCH = 11, 5, 64
 

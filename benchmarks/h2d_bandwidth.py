@@ -5,12 +5,10 @@ without CUDA it says so and exits 0.
 """
 import statistics
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from helpers import transfer  # noqa: E402
+from helpers import transfer
 
 SIZE = 256 * transfer.MIB
 

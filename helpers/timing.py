@@ -5,26 +5,29 @@ GPU work is queued asynchronously: a host clock read right after a CUDA call mea
 """
 from __future__ import annotations
 
+import logging
 import statistics
 import timeit
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-import logging
-
 import torch
 from torch import nn
 
-# torch.utils.benchmark imports cpp_extension, which warns "No CUDA runtime is found" on CPU-only machines
-# running a CUDA build of torch; nothing here compiles extensions, so that warning is noise for learners.
-_cpp_log = logging.getLogger("torch.utils.cpp_extension")
-_level = _cpp_log.level
-_cpp_log.setLevel(logging.ERROR)
-import torch.utils.benchmark as benchmark  # noqa: E402
-
-_cpp_log.setLevel(_level)
-
 from .devices import synchronize
+
+
+def _benchmark():
+    """``torch.utils.benchmark``, imported on first use: importing it probes for CUDA (through cpp_extension),
+    and on CPU-only machines with a CUDA build it warns "No CUDA runtime is found" — noise for learners."""
+    log = logging.getLogger("torch.utils.cpp_extension")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        import torch.utils.benchmark as benchmark
+    finally:
+        log.setLevel(level)
+    return benchmark
 
 
 @dataclass
@@ -87,7 +90,7 @@ def time_fn(fn: Callable[[], object], device: str | torch.device = "cpu", *, lab
     for _ in range(warmup):
         fn()
     clock()
-    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, timer=clock, label=label or "fn",
+    timer = _benchmark().Timer(stmt="fn()", globals={"fn": fn}, timer=clock, label=label or "fn",
                             num_threads=torch.get_num_threads())
     m = timer.blocked_autorange(min_run_time=min_run_time)
     times = list(m.times)

@@ -84,3 +84,34 @@ def test_importing_helpers_probes_no_hardware(monkeypatch):
     for name in ("devices", "timing", "results", "training", "plots"):
         importlib.import_module(f"helpers.{name}")
     assert calls == []
+
+
+def _fake_nvidia_smi(tmp_path, monkeypatch, stdout: str, code: int = 0):
+    exe = tmp_path / "nvidia-smi"
+    exe.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path / 'args'}\nprintf '{stdout}'\nexit {code}\n")
+    exe.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+
+
+def test_nvidia_smi_parses_one_row_per_gpu(tmp_path, monkeypatch):
+    _fake_nvidia_smi(tmp_path, monkeypatch, "4, 16\\n5, 8\\n")
+    rows = devices.nvidia_smi(["pcie.link.gen.max", "pcie.link.width.max"])
+    assert rows == [{"pcie.link.gen.max": "4", "pcie.link.width.max": "16"},
+                    {"pcie.link.gen.max": "5", "pcie.link.width.max": "8"}]
+    args = (tmp_path / "args").read_text()
+    assert "--query-gpu=pcie.link.gen.max,pcie.link.width.max" in args and "noheader" in args
+
+
+def test_nvidia_smi_failing_or_missing_gives_none(tmp_path, monkeypatch):
+    _fake_nvidia_smi(tmp_path, monkeypatch, "NVIDIA-SMI has failed\\n", code=9)
+    assert devices.nvidia_smi(["driver_version"]) is None
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert devices.nvidia_smi(["driver_version"]) is None
+
+
+def test_pcie_link_reads_through_the_one_query(tmp_path, monkeypatch):
+    from helpers import transfer
+
+    _fake_nvidia_smi(tmp_path, monkeypatch, "4, 16\\n")
+    link = transfer.pcie_link()
+    assert (link["generation"], link["width"]) == (4, 16) and link["gbps"] == pytest.approx(31.5, rel=0.01)

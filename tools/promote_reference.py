@@ -11,9 +11,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from helpers.results import load_results, reference_dir  # noqa: E402
+from helpers.results import load_results, reference_dir
 
 
 def main(argv=None) -> int:

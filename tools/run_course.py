@@ -14,10 +14,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from helpers.devices import describe, pick_device  # noqa: E402
-from helpers.results import write_report  # noqa: E402
+from helpers.devices import describe, pick_device
+from helpers.results import write_report
 
 
 def notebooks(only: str | None) -> list[Path]:

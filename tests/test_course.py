@@ -1,0 +1,84 @@
+"""Unit tests of helpers.course (the notebook preamble, size tables, exercise checks, show_source)."""
+import json
+
+import pytest
+import torch
+
+from helpers import course
+
+
+def test_setup_applies_the_environment_and_reports_missing_gpu(monkeypatch, capsys):
+    monkeypatch.setenv("COURSE_QUICK", "1")
+    monkeypatch.setenv("COURSE_DEVICE", "cpu")
+    monkeypatch.setattr(course, "_display_markdown", print)
+    lesson = course.setup("01_categorical_labels_on_the_gpu", False, "auto", note="Only the CPU curve is measured.")
+    out = capsys.readouterr().out
+    assert lesson.quick is True and lesson.device == torch.device("cpu") and lesson.mode == "quick"
+    assert "**Your hardware**" in out and "quick mode: True" in out
+    assert "**No GPU in use here.** Only the CPU curve is measured." in out
+    assert ("No GPU reference result is committed yet" in out) == (not lesson.reference)
+
+
+def test_setup_without_gpu_needs_shows_no_notice(monkeypatch, capsys):
+    monkeypatch.delenv("COURSE_QUICK", raising=False)
+    monkeypatch.setenv("COURSE_DEVICE", "cpu")
+    monkeypatch.setattr(course, "_display_markdown", print)
+    lesson = course.setup("00_getting_started", False, "auto", needs=None)
+    assert "No GPU" not in capsys.readouterr().out
+    assert lesson.mode == "cpu" and not lesson.on_gpu
+
+
+def test_setup_rejects_an_unknown_device(monkeypatch):
+    monkeypatch.delenv("COURSE_DEVICE", raising=False)
+    with pytest.raises(ValueError, match="unknown device 'gpu'"):
+        course.setup("00_getting_started", False, "gpu")
+
+
+def _lesson(quick, dev="cpu"):
+    return course.Lesson("99_demo", quick, torch.device(dev), {"name": "x"})
+
+
+def test_sizes_table_picks_the_column_of_the_mode():
+    table = dict(quick={"epochs": 1}, cpu={"epochs": 5}, gpu={"epochs": 60})
+    assert _lesson(True).sizes(**table).epochs == 1
+    assert _lesson(False).sizes(**table).epochs == 5
+    assert _lesson(False, "meta").sizes(**table).epochs == 5  # neither CUDA nor MPS: the CPU column
+    gpu = course.Lesson("99_demo", False, torch.device("cpu"), {})
+    gpu.device = torch.device("cuda", 0)  # a torch.device needs no GPU to exist
+    assert gpu.on_gpu and gpu.sizes(**table).epochs == 60
+    with pytest.raises(ValueError, match="different sizes"):
+        _lesson(True).sizes(quick={"epochs": 1}, cpu={"epochs": 2, "batch": 3}, gpu={"epochs": 3})
+
+
+def test_save_writes_a_results_file(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("COURSE_RESULTS_DIR", str(tmp_path))
+    path = _lesson(True).save({"value": torch.tensor(2.5)})
+    rec = json.loads(path.read_text())
+    assert rec["notebook"] == "99_demo" and rec["quick"] is True and rec["results"] == {"value": 2.5}
+    assert "recorded:" in capsys.readouterr().out
+
+
+def test_check_not_attempted_right_and_wrong(capsys):
+    assert course.check(None, 3) is False
+    assert "Not attempted yet" in capsys.readouterr().out
+    assert course.check(course.NOT_ATTEMPTED, None, unset=course.NOT_ATTEMPTED) is False
+    assert course.check(None, None, unset=course.NOT_ATTEMPTED) is True  # None can be the right answer
+    assert course.check(3, 3) is True
+    assert course.check(1.005, 1.0, rel_tol=0.01) is True
+    assert course.check("err '10' '1'", test=lambda m: "'10'" in m) is True
+    with pytest.raises(AssertionError, match="4 is not it. Count again."):
+        course.check(4, 3, hint="Count again.")
+    with pytest.raises(AssertionError):
+        course.check(1.1, 1.0, rel_tol=0.01)
+    with pytest.raises(AssertionError):
+        course.check("no", test=lambda m: "'10'" in m)
+
+
+def test_show_source_is_the_real_source(monkeypatch):
+    from helpers.models import SequenceClassifier
+
+    shown = []
+    monkeypatch.setattr(course, "_display_markdown", shown.append)
+    code = course.show_source(SequenceClassifier)
+    assert code.startswith("class SequenceClassifier(nn.Module):") and "pack_padded_sequence(" in code
+    assert shown[0].startswith("`helpers/models.py`:") and code in shown[0]
