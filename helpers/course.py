@@ -73,13 +73,13 @@ def setup(notebook: str, quick: bool, device: str, *, needs: str | None = "gpu",
     """The preamble of every notebook: parameters, device, "Your hardware" banner, no-GPU notice (notebook 00).
 
     - ``COURSE_QUICK`` / ``COURSE_DEVICE`` (set by ``make test``) override ``quick`` and ``device``;
-    - ``device`` is checked (a one-line ``ValueError`` naming what exists);
+    - ``device`` is checked (a one-line ``ValueError`` naming what exists) and, on CUDA, made current;
     - when the run lacks what the lesson ``needs`` (``"gpu"``: CUDA or MPS; ``"cuda"``; None: nothing), a visible
       notice says so and names the committed
       reference results that the figures will show instead (``note`` adds the lesson's own sentence).
     """
     quick, device = course_parameters(quick, device)
-    dev = devices.pick_device(device)
+    dev = devices.make_current(devices.pick_device(device))
     lesson = Lesson(notebook, quick, dev, devices.describe(), results.load_reference(notebook))
     _display_markdown(f"**Your hardware** (this notebook runs on `{dev}`, quick mode: {quick})\n\n"
                       + devices.describe_markdown(lesson.hardware))

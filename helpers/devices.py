@@ -4,6 +4,7 @@ Nothing here probes hardware at import time: every function looks when it is cal
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import re
@@ -13,6 +14,23 @@ import subprocess
 import torch
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "cuda:N", "mps")
+
+
+def usable_cpus() -> int:
+    """CPU cores this process may run on (its affinity mask: a batch job's share, not the whole node's count)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # macOS and Windows have no affinity mask
+        return os.cpu_count() or 1
+
+
+def loader_workers(cap: int = 8) -> int:
+    """DataLoader worker processes to use: the usable cores minus one for the main process, at most ``cap``.
+
+    Never ``os.cpu_count()`` raw: GPU nodes report 100+ cores, and each worker costs memory (and shared memory,
+    which containers keep small). Notebook 04 measures what workers buy.
+    """
+    return max(0, min(cap, usable_cpus() - 1))
 
 
 def _mps_available() -> bool:
@@ -71,6 +89,45 @@ def pick_device(name: str | torch.device = "auto") -> torch.device:
             )
         return torch.device("mps")
     raise ValueError(f"unknown device {name!r}: use one of {', '.join(DEVICE_CHOICES)}; available here: {here}")
+
+
+def make_current(device: str | torch.device) -> torch.device:
+    """Make a CUDA ``device`` the *current* one (``torch.cuda.set_device``) and return it (notebook 00).
+
+    CUDA events, ``torch.cuda.synchronize()`` without an argument, ``torch.utils.benchmark`` and new tensors on
+    ``"cuda"`` all use the current device, cuda:0 unless told otherwise: with ``cuda:1`` chosen, they would
+    measure or wait on the wrong GPU. A no-op for the CPU and MPS.
+    """
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)
+    return device
+
+
+@contextlib.contextmanager
+def float32_precision(mode: str):
+    """Within the block, fp32 matmuls *and* convolutions run as ``"ieee"`` fp32 or as ``"tf32"`` (notebooks 02, 06).
+
+    On Ampere and newer GPUs cuDNN convolutions default to TF32 while matmuls default to fp32, so an "fp32"
+    timing of a conv net is really TF32 unless someone says otherwise. Measurements that compare precisions set it
+    explicitly with this and label TF32 as its own row. No effect on CPUs; the previous settings come back after.
+    """
+    if mode not in ("ieee", "tf32"):
+        raise ValueError(f"mode must be 'ieee' (true fp32) or 'tf32', not {mode!r}")
+    new_api = hasattr(torch.backends.cuda.matmul, "fp32_precision") and hasattr(torch.backends.cudnn, "conv")
+    if new_api:  # torch >= 2.9
+        saved = (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision)
+        torch.backends.cuda.matmul.fp32_precision = torch.backends.cudnn.conv.fp32_precision = mode
+    else:
+        saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = mode == "tf32"
+    try:
+        yield mode
+    finally:
+        if new_api:
+            torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = saved
+        else:
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 def synchronize(device: str | torch.device) -> None:

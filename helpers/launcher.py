@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .devices import usable_cpus
 from .results import project_root
 
 ENTRY_POINT = "helpers.distributed"  # the module every rank runs (python -m ...)
@@ -66,10 +67,10 @@ def _torchrun(nproc: int, args: list, *, nnodes: int = 1, rdzv: str | None = Non
 class _Supervisor:
     """Runs commands side by side in their own process groups, collecting their output lines in one queue."""
 
-    def __init__(self, cmds: list, env: dict, prefixes: list):
+    def __init__(self, cmds: list, envs: list, prefixes: list):
         self.lines: "queue.Queue" = queue.Queue()
         self.procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                       start_new_session=True, cwd=project_root()) for c in cmds]
+                                       start_new_session=True, cwd=project_root()) for c, env in zip(cmds, envs)]
         self.threads = [threading.Thread(target=self._pump, args=(p, pre), daemon=True)
                         for p, pre in zip(self.procs, prefixes)]
         for t in self.threads:
@@ -105,9 +106,9 @@ class _Supervisor:
         return next((p.returncode for p in self.procs if p.returncode != 0), 0)
 
 
-def _run(cmds: list, *, timeout: float, echo: bool, env: dict, prefixes: list) -> RunResult:
-    """Run commands together, stream their lines, stop them all on timeout or when one fails."""
-    sup, output, start = _Supervisor(cmds, env, prefixes), [], time.perf_counter()
+def _run(cmds: list, *, timeout: float, echo: bool, envs: list, prefixes: list) -> RunResult:
+    """Run commands together (each with its environment), stream their lines, stop all on timeout or a failure."""
+    sup, output, start = _Supervisor(cmds, envs, prefixes), [], time.perf_counter()
     try:
         while True:
             try:
@@ -150,12 +151,31 @@ def _first_error(output: list) -> str:
     return ""
 
 
-def _env(nproc_total: int) -> dict:
+def _env(nproc_total: int, visible_gpus: list | None = None) -> dict:
+    """The ranks' environment: the project importable, CPU threads shared out, and (per node) which GPUs it sees."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(project_root())] + [p for p in [env.get("PYTHONPATH")] if p])
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_total)))
+    env.setdefault("OMP_NUM_THREADS", str(max(1, usable_cpus() // nproc_total)))
     env.setdefault("PYTHONUNBUFFERED", "1")
+    if visible_gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(visible_gpus)
     return env
+
+
+def gpu_slices(nnodes: int, nproc_per_node: int) -> list:
+    """Give each simulated node its own GPUs: ``nproc_per_node`` of the visible ones each, never shared.
+
+    Two "nodes" on one GPU would put two NCCL ranks on one device, which NCCL refuses. Respects an existing
+    ``CUDA_VISIBLE_DEVICES``; raises ``ValueError`` when there are not enough GPUs for all the processes.
+    """
+    given = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = [g.strip() for g in given.split(",") if g.strip()] if given else \
+        [str(i) for i in range(torch.cuda.device_count() if torch.cuda.is_available() else 0)]
+    need = nnodes * nproc_per_node
+    if need > len(visible):
+        raise ValueError(f"{nnodes} nodes × {nproc_per_node} GPU processes need {need} GPUs but this machine has "
+                         f"{len(visible)}: use fewer, or device='cpu' to run the workers as CPU processes (gloo)")
+    return [visible[i * nproc_per_node:(i + 1) * nproc_per_node] for i in range(nnodes)]
 
 
 def launch(nproc: int, args: list, *, device: str = "cpu", timeout: float = 900, echo: bool = True,
@@ -175,15 +195,19 @@ def launch(nproc: int, args: list, *, device: str = "cpu", timeout: float = 900,
         cmd = [sys.executable, "-m", ENTRY_POINT, *args]
     else:
         cmd = _torchrun(nproc, args, max_restarts=max_restarts)
-    return _run([cmd], timeout=timeout, echo=echo, env=_env(nproc), prefixes=[""])
+    return _run([cmd], timeout=timeout, echo=echo, envs=[_env(nproc)], prefixes=[""])
 
 
 def launch_local_nodes(nnodes: int, nproc_per_node: int, args: list, *, device: str = "cpu", timeout: float = 900,
                        echo: bool = True) -> RunResult:
-    """Simulate ``nnodes`` machines on this one: one torchrun per "node", c10d rendezvous on 127.0.0.1 (notebook 05)."""
+    """Simulate ``nnodes`` machines on this one: one torchrun per "node", c10d rendezvous on 127.0.0.1 (notebook 05).
+
+    With ``device="cuda"`` each node sees its own GPUs (``CUDA_VISIBLE_DEVICES``), as on separate machines.
+    """
     check_world_size(nproc_per_node, device)
     dev_type = "cuda" if device.startswith("cuda") else "cpu"
+    slices = gpu_slices(nnodes, nproc_per_node) if dev_type == "cuda" else [None] * nnodes
     rdzv = f"127.0.0.1:{free_port()}"
     cmds = [_torchrun(nproc_per_node, [*args, "--device", dev_type], nnodes=nnodes, rdzv=rdzv) for _ in range(nnodes)]
-    return _run(cmds, timeout=timeout, echo=echo, env=_env(nnodes * nproc_per_node),
-                prefixes=[f"[node {i}] " for i in range(nnodes)])
+    envs = [_env(nnodes * nproc_per_node, gpus) for gpus in slices]
+    return _run(cmds, timeout=timeout, echo=echo, envs=envs, prefixes=[f"[node {i}] " for i in range(nnodes)])

@@ -37,13 +37,22 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def cuda_bf16_native(device=None) -> bool:
+    """True when the GPU computes bf16 in hardware (Ampere and newer). ``torch.cuda.is_bf16_supported()`` also
+    says True for GPUs that only *emulate* it (V100, T4), slower than fp16 there (notebook 06)."""
+    try:
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    except TypeError:  # torch before 2.3: no emulation flag; bf16 tensor cores came with compute capability 8.0
+        return torch.cuda.get_device_capability(device)[0] >= 8
+
+
 def resolve_amp(amp, device: torch.device) -> torch.dtype | None:
     """Map ``False | True | "auto" | "bf16" | "fp16"`` to the autocast dtype for ``device`` (notebook 06)."""
     if amp is None or amp is False:
         return None
     if amp is True or amp == "auto":
         if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+            return torch.bfloat16 if cuda_bf16_native(device) else torch.float16
         return torch.float16 if device.type == "mps" else torch.bfloat16
     names = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
     if isinstance(amp, torch.dtype) and amp in names.values():
@@ -199,13 +208,16 @@ def _rng_state() -> dict:
 
 
 def _set_rng_state(state: dict) -> None:
+    """Restore the generators saved by ``_rng_state``. The states must be CPU tensors (``set_rng_state`` refuses
+    others), and CUDA states are restored only for the GPUs this machine has (a run may resume elsewhere)."""
     torch.set_rng_state(state["torch"])
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     name, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        for index, cuda_state in enumerate(state["cuda"][:torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(cuda_state, index)
 
 
 def previous_path(path: str | Path) -> Path:
@@ -331,7 +343,9 @@ class _Loop:
 
     def restore(self, path: Path) -> tuple[int, int, dict, tuple]:
         """Load a ``snapshot``; return (epoch, batches done in it, the epoch's totals so far, RNG states)."""
-        state = load_checkpoint(path, map_location=self.device)
+        # Everything is loaded to the CPU: RNG states must stay there, and load_state_dict copies the weights and
+        # the optimizer state onto the device of the parameters they belong to.
+        state = load_checkpoint(path, map_location="cpu")
         if state.get("format") != CHECKPOINT_FORMAT:
             raise CheckpointError(f"{path} was not written by helpers.training.fit; cannot resume from it")
         self.model.load_state_dict(state["model"])

@@ -5,6 +5,8 @@ pinned memory and CUDA events need CUDA and are only used there.
 """
 from __future__ import annotations
 
+import os
+import re
 import time
 
 import torch
@@ -93,14 +95,47 @@ def cuda_event_copy_gbps(nbytes: int, repeats: int = 20) -> float:
     return gbps(nbytes, times[len(times) // 2])
 
 
-def pcie_link() -> dict | None:
-    """The first GPU's current PCIe generation and width (``nvidia-smi``) and its theoretical GB/s, or None."""
-    rows = nvidia_smi(["pcie.link.gen.current", "pcie.link.width.current"])
+_LINK_FIELDS = ["index", "uuid", "name", "pcie.link.gen.max", "pcie.link.width.max"]
+
+
+def _cuda_uuid(device: torch.device) -> str | None:
+    """The UUID of a torch CUDA device as nvidia-smi prints it, without its ``GPU-`` prefix (None if unknown)."""
     try:
-        gen, width = int(rows[0]["pcie.link.gen.current"]), int(rows[0]["pcie.link.width.current"])
-    except (TypeError, ValueError, KeyError, IndexError):
+        return str(torch.cuda.get_device_properties(device).uuid).lower().removeprefix("gpu-")
+    except (AttributeError, RuntimeError, AssertionError):
         return None
-    return pcie_theoretical(gen, width)
+
+
+def _smi_row(rows: list, device: torch.device) -> dict | None:
+    """The nvidia-smi row of ``device``: matched by UUID, else by position in ``CUDA_VISIBLE_DEVICES``."""
+    uuid = _cuda_uuid(device)
+    for row in rows:
+        if uuid and row["uuid"].lower().removeprefix("gpu-") == uuid:
+            return row
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    index = device.index or 0
+    wanted = visible[index] if index < len(visible) and visible[index].isdigit() else str(index)
+    return next((row for row in rows if row["index"] == wanted), None)
+
+
+def pcie_link(device="cuda") -> dict | None:
+    """The host link of the GPU in use: PCIe generation × width (their maximum, not the idle current value) and its
+    theoretical GB/s; on Grace-Hopper/Blackwell superchips the host link is NVLink-C2C, not PCIe (notebook 03).
+
+    Returns None when unknown (no nvidia-smi, no matching GPU). An idle GPU drops its link to Gen1 to save power,
+    so ``pcie.link.gen.current`` would draw a wrong ceiling; the ``max`` fields do not change with load.
+    """
+    rows = nvidia_smi(_LINK_FIELDS)
+    row = _smi_row(rows, torch.device(device)) if rows else None
+    if row is None:
+        return None
+    if re.search(r"\bG[HB]\d{3}", row["name"]):
+        return {"kind": "nvlink-c2c", "name": row["name"], "generation": None, "width": None, "gbps": None}
+    try:
+        gen, width = int(row["pcie.link.gen.max"]), int(row["pcie.link.width.max"])
+    except ValueError:
+        return None
+    return {"kind": "pcie", "name": row["name"], **pcie_theoretical(gen, width)}
 
 
 def pcie_theoretical(gen: int, width: int) -> dict:

@@ -82,3 +82,20 @@ def test_show_source_is_the_real_source(monkeypatch):
     code = course.show_source(SequenceClassifier)
     assert code.startswith("class SequenceClassifier(nn.Module):") and "pack_padded_sequence(" in code
     assert shown[0].startswith("`helpers/models.py`:") and code in shown[0]
+
+
+def test_setup_makes_the_chosen_gpu_current(monkeypatch):
+    """cuda:1 chosen: events, benchmark timers and bare synchronize() must act on GPU 1, not on cuda:0."""
+    from helpers import devices
+
+    current = []
+    monkeypatch.delenv("COURSE_DEVICE", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: current.append(torch.device(d)))
+    monkeypatch.setattr(devices, "describe", lambda: {"name": "2x-fake-gpu"})
+    monkeypatch.setattr(devices, "describe_markdown", lambda hw: "")
+    monkeypatch.setattr(course, "_display_markdown", lambda text: None)
+    lesson = course.setup("00_getting_started", False, "cuda:1", needs=None)
+    assert lesson.device == torch.device("cuda", 1) and current == [torch.device("cuda", 1)]
+    assert devices.make_current("cpu") == torch.device("cpu") and len(current) == 1

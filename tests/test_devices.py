@@ -109,9 +109,66 @@ def test_nvidia_smi_failing_or_missing_gives_none(tmp_path, monkeypatch):
     assert devices.nvidia_smi(["driver_version"]) is None
 
 
-def test_pcie_link_reads_through_the_one_query(tmp_path, monkeypatch):
+def test_pcie_link_is_the_max_link_of_the_gpu_in_use(tmp_path, monkeypatch):
+    """The GPU in use (matched by UUID, else by CUDA_VISIBLE_DEVICES), its max link (an idle link reads Gen1)."""
     from helpers import transfer
 
-    _fake_nvidia_smi(tmp_path, monkeypatch, "4, 16\\n")
-    link = transfer.pcie_link()
-    assert (link["generation"], link["width"]) == (4, 16) and link["gbps"] == pytest.approx(31.5, rel=0.01)
+    rows = "0, GPU-aaaa, NVIDIA H100, 5, 16\\n1, GPU-bbbb, NVIDIA A100, 4, 8\\n"
+    _fake_nvidia_smi(tmp_path, monkeypatch, rows)
+    monkeypatch.setattr(transfer, "_cuda_uuid", lambda d: "bbbb")
+    link = transfer.pcie_link("cuda:0")
+    assert (link["kind"], link["name"], link["generation"], link["width"]) == ("pcie", "NVIDIA A100", 4, 8)
+    assert "pcie.link.gen.max" in (tmp_path / "args").read_text()
+    monkeypatch.setattr(transfer, "_cuda_uuid", lambda d: None)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert transfer.pcie_link("cuda:0")["name"] == "NVIDIA A100"  # cuda:0 of this process is GPU 1 of the node
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    link = transfer.pcie_link("cuda:0")
+    assert link["gbps"] == pytest.approx(63.0, rel=0.01) and link["generation"] == 5
+
+
+def test_superchip_host_link_is_not_pcie(tmp_path, monkeypatch):
+    from helpers import transfer
+
+    _fake_nvidia_smi(tmp_path, monkeypatch, "0, GPU-cccc, NVIDIA GH200 480GB, 5, 16\\n")
+    monkeypatch.setattr(transfer, "_cuda_uuid", lambda d: "cccc")
+    link = transfer.pcie_link("cuda:0")
+    assert link["kind"] == "nvlink-c2c" and link["gbps"] is None
+
+
+def test_workers_follow_the_affinity_mask_not_the_node(monkeypatch):
+    import os
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 192)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(4)), raising=False)
+    assert devices.usable_cpus() == 4 and devices.loader_workers() == 3
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    assert devices.loader_workers() == 8 and devices.loader_workers(cap=2) == 2
+
+
+def test_float32_precision_sets_matmul_and_conv_and_restores():
+    before = (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision)
+    assert before[1] == "tf32", "cuDNN convolutions default to TF32: the reason 'fp32' must be set explicitly"
+    with devices.float32_precision("ieee"):
+        assert (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision) == ("ieee",
+                                                                                                       "ieee")
+    assert (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision) == before
+    with pytest.raises(ValueError, match="'ieee'"):
+        with devices.float32_precision("fp32"):
+            pass
+
+
+def test_bf16_autocast_needs_native_bf16_on_cuda(monkeypatch):
+    from helpers import training
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
+    assert training.resolve_amp(True, torch.device("cuda")) is torch.float16, "emulated bf16 (V100, T4): use fp16"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    assert training.resolve_amp("auto", torch.device("cuda")) is torch.bfloat16
+
+    def old_torch():  # no including_emulation argument
+        return True
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", old_torch)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (7, 0))
+    assert training.cuda_bf16_native() is False

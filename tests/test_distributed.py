@@ -102,3 +102,31 @@ def test_first_error_finds_the_cause_not_the_consequences():
     assert _first_error(["[rank1]: terminate called after throwing an instance of 'gloo::IoException'"]).startswith(
         "First error: terminate called")
     assert _first_error(["epoch 1: fine", "done"]) == ""
+
+
+def test_local_nodes_on_gpus_get_their_own_devices(monkeypatch):
+    """Two simulated nodes must not share a GPU (NCCL refuses two ranks on one device): each gets a slice."""
+    from helpers import launcher
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    started = {}
+    monkeypatch.setattr(launcher, "_run", lambda cmds, **kw: started.update(cmds=cmds, **kw))
+    launcher.launch_local_nodes(2, 2, ["--synthetic", "64"], device="cuda")
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in started["envs"]] == ["0,1", "2,3"]
+    assert all("--device" in c and "cuda" in c for c in started["cmds"])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7,9")
+    assert launcher.gpu_slices(3, 1) == [["5"], ["7"], ["9"]]
+    with pytest.raises(ValueError, match="2 nodes × 2 GPU processes need 4 GPUs but this machine has 3"):
+        launcher.launch_local_nodes(2, 2, ["--synthetic", "64"], device="cuda")
+
+
+def test_cpu_nodes_leave_gpu_visibility_alone(monkeypatch):
+    from helpers import launcher
+
+    started = {}
+    monkeypatch.setattr(launcher, "_run", lambda cmds, **kw: started.update(cmds=cmds, **kw))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    launcher.launch_local_nodes(2, 1, ["--synthetic", "64"], device="cpu")
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in started["envs"]] == ["3", "3"]

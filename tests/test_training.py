@@ -218,3 +218,28 @@ def test_history_records_the_rate_each_step_used():
     hist = fit(model, DataLoader(ds, batch_size=8), epochs=1, optimizer=opt, scheduler=sched, scheduler_step="batch",
                progress=False)
     assert [r["lr"] for r in hist.iterations] == pytest.approx([1.0, 1 / 2, 1 / 3, 1 / 4])
+
+
+def test_resume_loads_rng_states_on_the_cpu_whatever_the_device(tmp_path, monkeypatch):
+    """On a GPU or a Mac, map_location=<training device> would move the saved RNG states there and
+    torch.set_rng_state would raise a TypeError. Stand-in for a GPU on this CPU machine: a map_location derived from
+    the training device (a torch.device) is replaced by the meta device, which reproduces that TypeError."""
+    from helpers import training
+
+    ds = _problem(32)
+    path = tmp_path / "ck.pt"
+    seed_everything(0)
+    fit(_model(), DataLoader(ds, batch_size=8, shuffle=True), epochs=1, optimizer=torch.optim.SGD(_model().parameters(),
+        lr=0.1), checkpoint=path, progress=False)
+    real = training.load_checkpoint
+
+    def training_device_is_a_gpu(p, map_location="cpu"):
+        return real(p, map_location="meta" if isinstance(map_location, torch.device) else map_location)
+
+    monkeypatch.setattr(training, "load_checkpoint", training_device_is_a_gpu)
+    model = _model()
+    hist = fit(model, DataLoader(ds, batch_size=8, shuffle=True), epochs=2,
+               optimizer=torch.optim.SGD(model.parameters(), lr=0.1), checkpoint=path, resume=True, progress=False)
+    assert [e["epoch"] for e in hist.epochs] == [1, 2]
+    with pytest.raises(TypeError):  # what resuming did before: RNG states mapped off the CPU
+        training._set_rng_state(training.load_checkpoint(path, map_location="meta")["rng"])
