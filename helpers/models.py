@@ -6,6 +6,17 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence
 
 
+def lstm_device(device: str | torch.device) -> torch.device:
+    """Where to run the packed (Bi)LSTM: ``device``, except on Apple's MPS, where it runs on the CPU (notebook 01).
+
+    Packed LSTMs on MPS have a history of silently wrong results and crashes in PyTorch (pytorch#95118: wrong
+    output with a PackedSequence; #94754: wrong BiLSTM; #102911: packed sequences crash), so the course keeps them
+    on the CPU there and says so rather than report numbers it cannot trust.
+    """
+    device = torch.device(device)
+    return torch.device("cpu") if device.type == "mps" else device
+
+
 class SequenceClassifier(nn.Module):
     """LSTM or BiLSTM over padded sequences, classified from each sequence's true last step (notebook 01).
 

@@ -116,3 +116,10 @@ def test_classifier_learns_japanese_vowels_quickly(vowels):
     acc = evaluate(model, DataLoader(SequenceDataset(xt, enc.encode(yt)), batch_size=128, collate_fn=pad_collate),
                    host_inputs=(1,))["accuracy"]
     assert acc > 0.6, f"6 epochs should already be far above chance (1/9); got {acc:.3f}"
+
+
+def test_lstm_stays_off_mps():
+    from helpers.models import lstm_device
+
+    assert lstm_device("mps") == torch.device("cpu")
+    assert lstm_device("cuda:1") == torch.device("cuda", 1) and lstm_device("cpu") == torch.device("cpu")
