@@ -5,16 +5,25 @@ PY     := $(VENV)/bin/python
 QUICK  ?= 0
 DEVICE ?= auto
 ONLY   ?=
+# gpu-check (an offline GPU node): the wheelhouse of notebook tools, CIFAR-10 folder or tarball, time budget
+PY         ?= 3.12
+WHEELHOUSE ?= build/wheelhouse
+CIFAR10    ?=
+BUDGET_MIN ?= 8
+GPU_DEVICE ?= $(if $(filter auto,$(DEVICE)),cuda,$(DEVICE))
+ALLOW_CPU  ?=
+BENCH      ?= 1
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: help venv run test lab bench gpu-check clean
+.PHONY: help venv run test lab bench gpu-check wheelhouse clean
 
 help:
 	@echo "make run    execute every notebook (QUICK=1 for quick mode, DEVICE=cpu|cuda|mps) into build/"
 	@echo "make test   unit tests of helpers, nbval over the notebooks, papermill runs (CPU, quick)"
 	@echo "make lab    open JupyterLab on notebooks/"
 	@echo "make bench  run the benchmark scripts in benchmarks/"
-	@echo "make gpu-check  full-mode notebooks + benchmarks, results into \$$OUT (for a GPU machine)"
+	@echo "make wheelhouse  download the notebook tools as wheels for an offline GPU node (PY=3.12)"
+	@echo "make gpu-check OUT=dir [PYTHON=python3 CIFAR10=dir|tar.gz BUDGET_MIN=8]  the course on a GPU node"
 
 venv: $(VENV)/.installed
 
@@ -37,11 +46,22 @@ lab: venv
 bench: venv
 	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
-gpu-check: venv
+# No venv here: the GPU node's own Python (PYTHON=python3) must already have torch; what it lacks for running
+# notebooks comes from WHEELHOUSE, installed into OUT/site (never into that Python).
+gpu-check:
 	@test -n "$(OUT)" || { echo "set OUT=<folder for the results>"; exit 2; }
-	-$(PY) tools/run_course.py --device $(DEVICE) --out $(OUT) --keep-going
-	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b | tee -a $(OUT)/benchmarks.txt || exit 1; done
-	@echo "Promote the results to references with: $(PY) tools/promote_reference.py $(OUT)/results"
+	$(PYTHON) tools/gpu_check.py --out $(OUT) --wheelhouse $(WHEELHOUSE) --budget-min $(BUDGET_MIN) \
+		--device $(GPU_DEVICE) $(if $(CIFAR10),--cifar10 $(CIFAR10),) $(if $(ALLOW_CPU),--allow-cpu,) \
+		$(if $(filter 1 true True yes,$(QUICK)),--quick,) $(if $(ONLY),--only $(ONLY),) \
+		$(if $(filter 0,$(BENCH)),--no-bench,)
+
+# Pinned wheels of the notebook tools (tools/gpu-check-requirements.txt) for CPython $(PY) on manylinux x86-64.
+wheelhouse:
+	$(PYTHON) -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+		--python-version $(PY) --implementation cp --platform manylinux_2_28_x86_64 \
+		--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
+		-r tools/gpu-check-requirements.txt -d $(WHEELHOUSE)
+	@ls $(WHEELHOUSE); du -sh $(WHEELHOUSE)
 
 clean:
 	rm -rf build

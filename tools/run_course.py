@@ -1,6 +1,7 @@
 """Execute the course's notebooks with papermill and write build/report.md (`make run`).
 
     python tools/run_course.py [--quick] [--device auto|cpu|cuda|cuda:N|mps] [--only 00,01] [--out build]
+                               [--budget-min 8] [--skip 04,05]
 
 Each notebook runs in a fresh `python3` kernel with `notebooks/` as its working directory (as in
 JupyterLab). The run stops at the first failing notebook and names it and the failing cell.
@@ -17,6 +18,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 from helpers.devices import describe, pick_device
 from helpers.results import write_report
+
+
+# Share of a --budget-min time budget each notebook gets (its `budget_s` parameter); the CIFAR lessons train.
+BUDGET_SHARE = {"00": 0.02, "01": 0.08, "02": 0.08, "03": 0.06, "04": 0.08, "05": 0.34, "06": 0.16, "07": 0.18}
 
 
 def notebooks(only: str | None) -> list[Path]:
@@ -49,6 +54,10 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default=None, help="comma-separated notebook prefixes, e.g. 00,01")
     ap.add_argument("--out", default=str(ROOT / "build"), help="folder for executed notebooks, results, report")
     ap.add_argument("--keep-going", action="store_true", help="run the remaining notebooks after a failure")
+    ap.add_argument("--budget-min", type=float, default=None,
+                    help="size every notebook's work to finish the course in about this many minutes (budget_s)")
+    ap.add_argument("--skip", default="", help="comma-separated notebook prefixes not to run, with the reason printed")
+    ap.add_argument("--skip-reason", default="skipped", help="the reason printed for --skip")
     args = ap.parse_args(argv)
     try:
         pick_device(args.device)  # fail before starting any kernel
@@ -64,6 +73,10 @@ def main(argv=None) -> int:
     hw = describe()
     gpus = ", ".join(g["name"] for g in hw["gpus"]) or "no GPU"
     todo = notebooks(args.only)
+    skip = {p.strip() for p in args.skip.split(",") if p.strip()}
+    for nb in [nb for nb in todo if nb.name[:2] in skip]:
+        print(f"{nb.name}: {args.skip_reason}", flush=True)
+    todo = [nb for nb in todo if nb.name[:2] not in skip]
     mode = "quick" if args.quick else "full"
     print(f"Running {len(todo)} notebook(s) in {mode} mode on device={args.device} ({hw['cpu']}; {gpus})", flush=True)
     start = time.perf_counter()
@@ -74,8 +87,11 @@ def main(argv=None) -> int:
         print(f"[{i}/{len(todo)}] {nb.name} ...", end=" ", flush=True)
         t0 = time.perf_counter()
         try:
-            pm.execute_notebook(str(nb), str(target), parameters={"quick": args.quick, "device": args.device},
-                                kernel_name="python3", cwd=str(nb.parent), progress_bar=False)
+            params = {"quick": args.quick, "device": args.device}
+            if args.budget_min:
+                params["budget_s"] = round(60 * args.budget_min * BUDGET_SHARE.get(nb.name[:2], 0.05))
+            pm.execute_notebook(str(nb), str(target), parameters=params, kernel_name="python3", cwd=str(nb.parent),
+                                progress_bar=False)
         except pm.PapermillExecutionError as exc:
             print(f"FAILED after {time.perf_counter() - t0:.0f} s", flush=True)
             print(f"error: {nb.relative_to(ROOT)} failed in {failing_cell(target)}: "

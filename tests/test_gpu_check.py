@@ -1,0 +1,121 @@
+"""`make gpu-check` on an offline node whose Python has torch but no notebook tools, proven on this CPU machine.
+
+A throw-away virtual environment sees torch, torchvision, numpy, matplotlib, pandas and tqdm (linked from this
+project's .venv, as a GPU node's site Python has them) and none of the Jupyter tools. gpu-check must install those
+from a wheelhouse with --no-index into its scratch folder, leave the node's Python as it was, run a notebook
+through that path (on the CPU, allowed explicitly), and refuse in one line when no GPU is there.
+"""
+import os
+import shutil
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+ROOT = Path(__file__).resolve().parent.parent
+WHEELHOUSE = ROOT / "build" / "test-wheelhouse"
+NODE_PACKAGES = ["torch", "torchvision", "numpy", "matplotlib", "pandas", "tqdm"]
+NOTEBOOK_TOOLS = {"papermill", "nbclient", "nbformat", "ipykernel", "jupyter-client", "ipython", "pyzmq"}
+
+
+def _closure(names):
+    """The distributions ``names`` need (their requirements, recursively, without extras)."""
+    seen, todo = {}, list(names)
+    while todo:
+        dist = metadata.distribution(todo.pop())
+        key = dist.metadata["Name"].lower().replace("_", "-")
+        if key in seen:
+            continue
+        seen[key] = dist
+        for text in dist.requires or []:
+            req = Requirement(text)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    return seen
+
+
+def _node_python(tmp_path) -> Path:
+    venv = tmp_path / "node"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300)
+    shared = tmp_path / "node-packages"
+    shared.mkdir()
+    dists = _closure(NODE_PACKAGES)
+    assert not NOTEBOOK_TOOLS & set(dists), "the node stand-in must not see notebook tools"
+    for dist in dists.values():
+        tops = {Path(str(f)).parts[0] for f in dist.files or [] if not str(f).startswith("..")}
+        for top in tops:
+            src = Path(dist.locate_file(top))
+            if src.exists() and not (shared / top).exists():
+                (shared / top).symlink_to(src)
+    site = next((venv / "lib").glob("python*/site-packages"))
+    (site / "node-packages.pth").write_text(f"{shared}\n")
+    return venv / "bin" / "python"
+
+
+def _wheelhouse():
+    if any(WHEELHOUSE.glob("papermill-*.whl")):
+        return
+    ver = f"{sys.version_info.major}.{sys.version_info.minor}"
+    run = subprocess.run(["make", "-s", "wheelhouse", f"PY={ver}", f"WHEELHOUSE={WHEELHOUSE}",
+                          f"PYTHON={sys.executable}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    if run.returncode != 0:
+        if os.environ.get("CI"):
+            pytest.fail(f"make wheelhouse failed in CI: {run.stderr[-1500:]}")
+        pytest.skip("no package index reachable to build the test wheelhouse (make wheelhouse); CI runs this")
+
+
+def _env():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COURSE_") and k != "PYTHONPATH"}
+    return env
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    _wheelhouse()
+    return _node_python(tmp_path_factory.mktemp("gpu-node"))
+
+
+def test_node_stand_in_has_torch_and_no_notebook_tools(node):
+    probe = "import torch, torchvision, matplotlib, pandas, tqdm; import importlib.util as u; " \
+            "print([m for m in ('papermill', 'nbclient', 'ipykernel', 'IPython') if u.find_spec(m)])"
+    out = subprocess.run([str(node), "-c", probe], capture_output=True, text=True, env=_env(), timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
+
+
+def test_gpu_check_refuses_without_a_gpu_in_one_line(node, tmp_path):
+    run = subprocess.run(["make", "-s", "gpu-check", f"PYTHON={node}", f"OUT={tmp_path / 'out'}",
+                          f"WHEELHOUSE={WHEELHOUSE}"], cwd=ROOT, capture_output=True, text=True, env=_env(),
+                         timeout=300)
+    assert run.returncode != 0
+    lines = [ln for ln in run.stderr.splitlines() if ln.startswith("gpu-check:")]
+    assert len(lines) == 1 and "no usable CUDA GPU" in lines[0], run.stderr[-2000:]
+    assert not (tmp_path / "out").exists(), "nothing is written before the checks pass"
+
+
+def test_gpu_check_installs_tools_from_wheelhouse_and_runs_a_notebook(node, tmp_path):
+    out = tmp_path / "out"
+    run = subprocess.run(["make", "-s", "gpu-check", f"PYTHON={node}", f"OUT={out}", f"WHEELHOUSE={WHEELHOUSE}",
+                          "DEVICE=cpu", "ALLOW_CPU=1", "QUICK=1", "ONLY=00", "BENCH=0"], cwd=ROOT,
+                         capture_output=True, text=True, env=_env(), timeout=900)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    assert "papermill" in run.stdout and "[1/1] 00_getting_started.ipynb ... done" in run.stdout
+    rec = (out / "results" / "00_getting_started.json").read_text()
+    assert '"quick": true' in rec and '"device": "cpu"' in rec
+    assert (out / "notebooks" / "00_getting_started.ipynb").exists()
+    assert any((out / "site").glob("papermill*")), "the tools went into the scratch folder"
+    still = subprocess.run([str(node), "-c", "import papermill"], capture_output=True, env=_env(), timeout=120)
+    assert still.returncode != 0, "the node's own Python must be left without the tools"
+
+
+def test_gpu_check_skips_cifar_lessons_without_cifar(node, tmp_path):
+    out = tmp_path / "out"
+    run = subprocess.run(["make", "-s", "gpu-check", f"PYTHON={node}", f"OUT={out}", f"WHEELHOUSE={WHEELHOUSE}",
+                          "DEVICE=cpu", "ALLOW_CPU=1", "QUICK=1", "ONLY=05", "BENCH=0"], cwd=ROOT,
+                         capture_output=True, text=True, env=_env(), timeout=300)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    assert "05_multi_gpu_training.ipynb: skipped: it needs CIFAR-10" in run.stdout
+    shutil.rmtree(out, ignore_errors=True)
