@@ -5,6 +5,7 @@ Paths are resolved from the project root, never from the working directory.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -163,22 +164,104 @@ def cifar10_or_standin(quick: bool, cifar10_dir=None, per_class: tuple = (None, 
         return synthetic_images(n_train), synthetic_images(n_test, noise_seed=1), note
 
 
-def batch_augment(images: torch.Tensor, *, padding: int = 4, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Random ±``padding``-pixel crop and horizontal flip of a whole ``uint8`` batch on its own device (notebook 04).
+def crop_flip(images: torch.Tensor, *, padding: int = 4, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Random ±``padding``-pixel translation (zero fill) and horizontal flip of a ``uint8`` batch, on its device.
 
-    The same augmentation as ``cifar10_transform(train=True)``, as a few batched tensor operations instead of
-    a Python call per image, so it can run on the GPU when the CPU cannot keep up. Returns normalised float32.
+    MATLAB's ``RandXTranslation=[-4 4]`` with ``RandXReflection``, for the whole batch in two ``gather`` calls:
+    one picks each image's rows, one its columns (reversed when flipped). Two kernels on a GPU, whatever the batch
+    size; quick on a CPU too. Draws come from ``generator`` (on any device).
     """
     n, c, h, w = images.shape
-    dev = images.device
-    shifts = torch.randint(0, 2 * padding + 1, (2, n), generator=generator).to(dev)
-    flips = (torch.rand(n, generator=generator) < 0.5).to(dev)
+    dev, span = images.device, 2 * padding + 1
+    gdev = generator.device if generator is not None else dev
+    dy, dx = torch.randint(0, span, (2, n), generator=generator, device=gdev).to(dev)
+    flip = (torch.rand(n, generator=generator, device=gdev) < 0.5).to(dev)
     padded = torch.nn.functional.pad(images, (padding,) * 4)
-    rows = (torch.arange(h, device=dev)[None, :] + shifts[0][:, None])  # (n, h)
-    cols = (torch.arange(w, device=dev)[None, :] + shifts[1][:, None])  # (n, w)
-    cols = torch.where(flips[:, None], cols.flip(1), cols)
-    out = padded[torch.arange(n, device=dev)[:, None, None, None], torch.arange(c, device=dev)[None, :, None, None],
-                 rows[:, None, :, None], cols[:, None, None, :]]
-    mean = torch.tensor(CIFAR10_MEAN, device=dev).view(1, c, 1, 1)
-    std = torch.tensor(CIFAR10_STD, device=dev).view(1, c, 1, 1)
-    return (out.float() / 255 - mean) / std
+    rows = dy[:, None] + torch.arange(h, device=dev)                      # (n, h): rows dy .. dy+h-1
+    cols = dx[:, None] + torch.arange(w, device=dev)                      # (n, w)
+    cols = torch.where(flip[:, None], cols.flip(1), cols)                 # a flip reads the columns backwards
+    out = padded.gather(2, rows[:, None, :, None].expand(n, c, h, w + 2 * padding))
+    return out.gather(3, cols[:, None, None, :].expand(n, c, h, w))
+
+
+def normalize(images: torch.Tensor) -> torch.Tensor:
+    """``uint8`` images to float32 with CIFAR-10's mean and standard deviation per channel."""
+    c = images.shape[1]
+    std = torch.tensor(CIFAR10_STD, device=images.device).view(1, c, 1, 1)
+    mean = torch.tensor(CIFAR10_MEAN, device=images.device).view(1, c, 1, 1)
+    return images.float().mul_(1 / (255 * std)).sub_(mean / std)  # (x/255 - mean)/std in two passes
+
+
+def batch_augment(images: torch.Tensor, *, padding: int = 4, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Random crop and flip of a whole ``uint8`` batch on its own device, normalised to float32 (notebook 04).
+
+    The same augmentation as ``cifar10_transform(train=True)``, as batched tensor operations (``crop_flip``)
+    instead of a Python call per image, so it can run on the GPU when the CPU cannot keep up.
+    """
+    return normalize(crop_flip(images, padding=padding, generator=generator))
+
+
+class DeviceLoader:
+    """The whole image set on the device as ``uint8`` (CIFAR-10's 50,000 images: 150 MB), batches made there.
+
+    A drop-in for a ``DataLoader`` in ``fit``: each epoch a permutation (the same on every rank, like
+    ``DistributedSampler``: ``rank`` takes every ``world``-th index), then per batch an index gather, crop + flip
+    with a generator on the device (seeded from ``seed``, ``rank`` and the epoch: every rank draws *different*
+    augmentation, and an epoch replays identically on resume), normalisation, optional channels-last. No worker
+    processes and no host-to-device copy per step, so the GPU, not the CPU, sets the pace (notebooks 04-07).
+    """
+
+    def __init__(self, data: "ImageSet", batch_size: int, *, device="cpu", augment: bool = True,
+                 shuffle: bool = True, seed: int = 0, rank: int = 0, world: int = 1, channels_last: bool = False,
+                 drop_last: bool = False):
+        self.device = torch.device(device)
+        self.images, self.labels = data.images.to(self.device), data.labels.to(self.device)
+        self.batch_size, self.augment, self.shuffle, self.seed = batch_size, augment, shuffle, seed
+        self.rank, self.world, self.channels_last, self.drop_last = rank, world, channels_last, drop_last
+        self.epoch = 0
+        self.dataset = data  # what len(loader.dataset) reports, as for a DataLoader
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _indices(self) -> torch.Tensor:
+        n = len(self.labels)
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed + self.epoch)) if self.shuffle \
+            else torch.arange(n)
+        per_rank = -(-n // self.world)
+        order = torch.cat([order, order[:per_rank * self.world - n]])  # pad so every rank has as many
+        return order[self.rank::self.world].to(self.device)
+
+    def __len__(self) -> int:
+        per_rank = -(-len(self.labels) // self.world)
+        return per_rank // self.batch_size if self.drop_last else -(-per_rank // self.batch_size)
+
+    def __iter__(self):
+        mine = self._indices()
+        gen = torch.Generator(device=self.device).manual_seed(hash((self.seed, self.rank, self.epoch)) % 2**62)
+        for b in range(len(self)):
+            idx = mine[b * self.batch_size:(b + 1) * self.batch_size]
+            x = self.images[idx]
+            x = normalize(crop_flip(x, generator=gen) if self.augment else x)
+            if self.channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            yield x, self.labels[idx]
+
+
+def input_images_per_s(loader, batches: int = 20) -> float:
+    """Images per second the input pipeline alone delivers (``loader`` iterated, no model), synchronised."""
+    from .devices import synchronize
+
+    it, seen = iter(loader), 0
+    x, _ = next(it)  # start-up (workers, first gather) is not throughput
+    device = x.device
+    synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(batches):
+        try:
+            x, _ = next(it)
+        except StopIteration:
+            break
+        seen += x.shape[0]
+    synchronize(device)
+    return seen / max(time.perf_counter() - t0, 1e-9)

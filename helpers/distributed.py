@@ -17,6 +17,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -50,7 +51,10 @@ def _parse(argv):
     ap.add_argument("--train-limit", type=int, default=0, help="train on a fixed random subset of N images (0: all)")
     ap.add_argument("--amp", action="store_true", help="torch.amp autocast (bf16 on CPU/recent GPUs, else fp16)")
     ap.add_argument("--channels-last", action="store_true")
-    ap.add_argument("--workers", type=int, default=0, help="DataLoader worker processes per rank")
+    ap.add_argument("--workers", type=int, default=0, help="DataLoader worker processes per rank (--loader dataloader)")
+    ap.add_argument("--loader", choices=["device", "dataloader"], default="device",
+                    help="device: images kept on the device, batches augmented there (DeviceLoader); dataloader: "
+                         "a DataLoader with per-image transforms on the CPU")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--checkpoint", help="checkpoint file: written by rank 0 each epoch, resumed from if present")
     ap.add_argument("--val-limit", type=int, default=0, help="validate each epoch on a fixed random N test images (0: all)")
@@ -121,25 +125,58 @@ def _fixed_subset(dataset, limit: int, seed: int):
 
 
 def _loaders(args, me: Rank, train, test):
-    """The rank's training loader (its DistributedSampler slice), a validation loader on rank 0, the test loader."""
+    """The rank's training loader (its slice of each epoch), a validation loader on rank 0, the test loader."""
     from torch.utils.data import DataLoader, DistributedSampler
 
-    from .cifar10 import ImageTensorDataset, cifar10_transform
+    from .cifar10 import DeviceLoader, ImageSet, ImageTensorDataset, cifar10_transform
 
-    train_ds = _fixed_subset(ImageTensorDataset(train, cifar10_transform(train=not args.no_augment)),
-                             args.train_limit, SUBSET_SEED)
+    if args.loader == "device":
+        if 0 < args.train_limit < len(train):
+            keep = _fixed_subset(range(len(train)), args.train_limit, SUBSET_SEED).indices
+            train = ImageSet(train.images[keep], train.labels[keep], train.classes, train.source)
+        loader = DeviceLoader(train, args.batch_size, device=me.device, augment=not args.no_augment,
+                              shuffle=not args.no_shuffle, seed=args.seed, rank=me.rank, world=me.world,
+                              channels_last=args.channels_last)
+    else:
+        train_ds = _fixed_subset(ImageTensorDataset(train, cifar10_transform(train=not args.no_augment)),
+                                 args.train_limit, SUBSET_SEED)
+        sampler = DistributedSampler(train_ds, num_replicas=me.world, rank=me.rank, shuffle=not args.no_shuffle,
+                                     seed=args.seed)
+        loader = DataLoader(train_ds, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers,
+                            pin_memory=me.device.type == "cuda", persistent_workers=args.workers > 0)
     test_ds = ImageTensorDataset(test, cifar10_transform(train=False))
-    sampler = DistributedSampler(train_ds, num_replicas=me.world, rank=me.rank, shuffle=not args.no_shuffle,
-                                 seed=args.seed)
     pin = me.device.type == "cuda"
-    loader = DataLoader(train_ds, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers,
-                        pin_memory=pin, persistent_workers=args.workers > 0)
-    test_loader = DataLoader(test_ds, batch_size=EVAL_BATCH, num_workers=args.workers, pin_memory=pin)
+    test_loader = DataLoader(test_ds, batch_size=EVAL_BATCH, pin_memory=pin)
     val_loader = None
     if me.rank == 0 and not args.no_val:
         val_loader = DataLoader(_fixed_subset(test_ds, args.val_limit, VAL_SUBSET_SEED), batch_size=EVAL_BATCH,
                                 pin_memory=pin)
     return loader, val_loader, test_loader
+
+
+def _throughputs(args, me: Rank, model, loader) -> dict:
+    """Rank 0: images/s of the input pipeline alone and of the model alone (a copy, on one fixed batch).
+
+    A GPU measurement is only one if the input side keeps up: below 1.5× the model it is the input that is timed.
+    """
+    import copy
+
+    from .cifar10 import input_images_per_s
+    from .timing import time_train_step
+
+    if me.rank != 0:
+        return {}
+    x, y = next(iter(loader))
+    twin = copy.deepcopy(model)
+    opt = torch.optim.SGD(twin.parameters(), lr=0.01, momentum=args.momentum)
+    step = time_train_step(twin, (x, y), me.device, optimizer=opt, amp=args.amp, min_run_time=0.5, warmup=1)
+    found = {"input_images_per_s": input_images_per_s(loader, batches=10), "model_images_per_s": step.items_per_s}
+    found["input_bound"] = found["input_images_per_s"] < 1.5 * found["model_images_per_s"]
+    me.log(f"input pipeline ({args.loader}) {found['input_images_per_s']:.0f} images/s, model alone "
+           f"{found['model_images_per_s']:.0f} images/s" + (
+               " — WARNING: the input side is slower than 1.5× the model, so this run times the input pipeline, "
+               "not the device" if found["input_bound"] else ""))
+    return found
 
 
 def _model_and_optimizer(args, me: Rank, n_classes: int, steps_per_epoch: int):
@@ -178,7 +215,8 @@ def _step_hook(args, me: Rank, steps_per_epoch: int):
     return on_step
 
 
-def _report(args, me: Rank, model, history, train_images: int, source: str, lr: float, test_loader) -> None:
+def _report(args, me: Rank, model, history, train_images: int, source: str, lr: float, test_loader,
+            speeds: dict) -> None:
     """Rank 0: log the epochs, test once, write the results JSON and the final parameters."""
     from .training import evaluate
 
@@ -198,32 +236,44 @@ def _report(args, me: Rank, model, history, train_images: int, source: str, lr: 
               "train_images": train_images, "source": source,
               "epoch_seconds": [e["seconds"] for e in history.epochs],
               "images_per_s": [train_images / e["seconds"] for e in history.epochs],
-              "test_accuracy": accuracy, "history": history.state_dict(), "args": vars(args)}
+              "test_accuracy": accuracy, "history": history.state_dict(), "args": vars(args), **speeds}
     if args.out:
         atomic_write_text(Path(args.out), json.dumps(record, indent=1) + "\n")
     if args.params_out:
         torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, args.params_out)
 
 
-def train(args, me: Rank) -> None:
-    """Train ConvBlockNet with DDP on this rank: data slice, replica, fit, and rank 0's report."""
-    from .training import fit, seed_everything
+def setup(args, me: Rank) -> SimpleNamespace:
+    """Data, loaders, the replica, optimizer and schedule of this rank; then its own random stream."""
+    from .training import seed_everything
 
-    seed_everything(args.seed + me.rank)  # different augmentation draws per rank; weights come from rank 0
     train_set, test_set = _load_sets(args)
     loader, val_loader, test_loader = _loaders(args, me, train_set, test_set)
     model, net, opt, sched, step_on = _model_and_optimizer(args, me, len(train_set.classes), len(loader))
-    lr = opt.param_groups[0]["lr"]
+    speeds = _throughputs(args, me, model, loader)
+    # After the identical initial weights, each rank gets its own random stream: per-image transforms on the CPU
+    # draw from it (the DeviceLoader seeds its own generator per rank), so ranks never augment alike.
+    seed_everything(args.seed + 1 + me.rank)
+    return SimpleNamespace(train_set=train_set, loader=loader, val_loader=val_loader, test_loader=test_loader,
+                           model=model, net=net, opt=opt, sched=sched, step_on=step_on, speeds=speeds)
+
+
+def train(args, me: Rank) -> None:
+    """Train ConvBlockNet with DDP on this rank: data slice, replica, fit, and rank 0's report."""
+    from .training import fit
+
+    r = setup(args, me)
+    lr = r.opt.param_groups[0]["lr"]
     how = f"world size {me.world} ({me.backend} on {me.device.type})" if me.use_pg else \
         f"one process on {me.device.type}, no DDP"
-    me.log(f"{how}, {len(loader.dataset)} training images from {train_set.source}, batch {args.batch_size} per rank = "
-           f"{args.batch_size * me.world} global, lr {lr:.4g} ({args.schedule}), {len(loader)} steps per epoch")
-    history = fit(net, loader, epochs=args.epochs, optimizer=opt, device=me.device, val_loader=val_loader,
-                  loss_fn=torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing), scheduler=sched,
-                  scheduler_step=step_on, amp=args.amp, checkpoint=args.checkpoint,
+    me.log(f"{how}, {len(r.loader.dataset)} training images from {r.train_set.source}, batch {args.batch_size} per "
+           f"rank = {args.batch_size * me.world} global, lr {lr:.4g} ({args.schedule}), {len(r.loader)} steps per epoch")
+    history = fit(r.net, r.loader, epochs=args.epochs, optimizer=r.opt, device=me.device, val_loader=r.val_loader,
+                  loss_fn=torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing), scheduler=r.sched,
+                  scheduler_step=r.step_on, amp=args.amp, checkpoint=args.checkpoint,
                   resume=args.checkpoint is not None, save_checkpoints=me.rank == 0, progress=False,
-                  callback=_step_hook(args, me, len(loader)))
-    _report(args, me, model, history, len(loader.dataset), train_set.source, lr, test_loader)
+                  callback=_step_hook(args, me, len(r.loader)))
+    _report(args, me, r.model, history, len(r.loader.dataset), r.train_set.source, lr, r.test_loader, r.speeds)
 
 
 def main(argv=None) -> int:

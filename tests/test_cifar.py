@@ -104,3 +104,51 @@ def test_batch_augment_crops_within_padding_and_flips():
         found_flip |= any(f for _, _, f in matches)
         found_shift |= any((dy, dx) != (2, 2) for dy, dx, _ in matches)
     assert found_flip and found_shift
+
+
+def _one_image_set(n=64):
+    from helpers.cifar10 import ImageSet
+
+    img = torch.arange(3 * 8 * 8).reshape(1, 3, 8, 8).remainder(251).to(torch.uint8)
+    return ImageSet(img.repeat(n, 1, 1, 1), torch.arange(n) % 10, [str(k) for k in range(10)], "test")
+
+
+def test_device_loader_ranks_split_the_epoch_and_draw_different_augmentation():
+    from helpers.cifar10 import DeviceLoader
+
+    data = _one_image_set(64)  # every image identical: any difference between ranks is augmentation
+    loaders = [DeviceLoader(data, 16, rank=r, world=2, seed=3) for r in range(2)]
+    labels = [torch.cat([y for _, y in dl]) for dl in loaders]
+    assert [len(dl) for dl in loaders] == [2, 2] and all(len(y) == 32 for y in labels)
+    x0, x1 = (next(iter(dl))[0] for dl in loaders)
+    assert not torch.equal(x0, x1), "ranks must not draw the same crops and flips"
+    idx = [dl._indices() for dl in loaders]
+    assert sorted(torch.cat(idx).tolist()) == list(range(64)), "together the ranks see every image once"
+
+
+def test_device_loader_replays_an_epoch_and_changes_with_the_next():
+    from helpers.cifar10 import DeviceLoader
+
+    dl = DeviceLoader(_one_image_set(40), 16, seed=0, channels_last=True)
+    first = [x for x, _ in dl]
+    again = [x for x, _ in dl]
+    assert len(first) == 3 and all(torch.equal(a, b) for a, b in zip(first, again)), "resume replays an epoch"
+    assert first[0].is_contiguous(memory_format=torch.channels_last) and first[0].dtype == torch.float32
+    dl.set_epoch(1)
+    assert not torch.equal(next(iter(dl))[0], first[0])
+    plain = DeviceLoader(_one_image_set(40), 16, augment=False, shuffle=False)
+    x, y = next(iter(plain))
+    assert y.tolist() == list(range(10)) + list(range(6)) and torch.allclose(x[0], x[1])
+
+
+def test_device_loader_trains_with_fit():
+    from helpers.cifar10 import DeviceLoader, synthetic_images
+    from helpers.models import ConvBlockNet
+    from helpers.training import fit, seed_everything
+
+    seed_everything(0)
+    data = synthetic_images(400)
+    model = ConvBlockNet((8, 16, 16), 1)
+    hist = fit(model, DeviceLoader(data, 50, augment=False), epochs=4, device="cpu", progress=False,
+               optimizer=torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
+    assert hist.epochs[-1]["train_accuracy"] > 0.5, hist.epochs[-1]

@@ -130,3 +130,20 @@ def test_cpu_nodes_leave_gpu_visibility_alone(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
     launcher.launch_local_nodes(2, 1, ["--synthetic", "64"], device="cpu")
     assert [e["CUDA_VISIBLE_DEVICES"] for e in started["envs"]] == ["3", "3"]
+
+
+@pytest.mark.parametrize("loader", ["device", "dataloader"])
+def test_every_rank_draws_different_augmentation(loader):
+    """Ranks must not augment alike (they did: every rank re-seeded the same stream right after the weights)."""
+    from helpers import distributed
+
+    args = distributed._parse(["--synthetic", "64", "--widths", "8,8,8", "--depth", "1", "--batch-size", "8",
+                               "--loader", loader, "--no-shuffle", "--no-val"])
+    ones = []
+    for rank in (0, 1):
+        me = distributed.Rank(rank, 0, 2, torch.device("cpu"), "gloo", use_pg=False)
+        run = distributed.setup(args, me)
+        run.train_set.images[:] = run.train_set.images[0]  # every image the same: only augmentation differs
+        ones.append(next(iter(run.loader))[0])
+    assert not torch.equal(ones[0], ones[1])
+    assert run.speeds == {}, "only rank 0 measures the throughputs"
