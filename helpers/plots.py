@@ -252,3 +252,25 @@ def ddp_diagram(ranks: int = 3, ax=None):
     _finish(ax, "DistributedDataParallel: global batch = batch per rank × ranks, learning rate scaled with it",
             legend=False, grid=False)
     return ax
+
+
+def roofline(points: dict, *, peak_gflops: float, peak_gbps: float, title: str, references: dict | None = None,
+             ax=None):
+    """Attainable GFLOP/s against arithmetic intensity (FLOP per byte): the memory slope, the compute roof, and
+    each measured point (notebook 08). ``references`` maps a hardware name to ``(peak_gflops, peak_gbps)``."""
+    import numpy as np
+
+    ax = _axes(ax, (7.5, 4.5))
+    xs = np.logspace(-3, 4, 200)
+    roofs = [("this machine", peak_gflops, peak_gbps, "-")] + [
+        (f"reference: {name}", g, b, "--") for name, (g, b) in (references or {}).items()]
+    for label, g, b, style in roofs:
+        ax.plot(xs, np.minimum(g, b * xs), style, color="gray", lw=1.5 if style == "-" else 1, label=label)
+    for k, (name, p) in enumerate(points.items()):
+        ax.plot(max(p["intensity"], 1e-3), p["gflops"], "o", ms=8, color=f"C{k}", label=name)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP per byte moved)")
+    ax.set_ylabel("GFLOP/s achieved")
+    _finish(ax, title)
+    return ax
