@@ -36,6 +36,7 @@ class Lesson:
     device: torch.device
     hardware: dict
     reference: dict = field(default_factory=dict)
+    budget_s: float | None = None
 
     @property
     def on_gpu(self) -> bool:
@@ -54,6 +55,19 @@ class Lesson:
                              f"gpu {sorted(gpu)}")
         return SimpleNamespace(**{"quick": quick, "cpu": cpu, "gpu": gpu}[self.mode])
 
+    def within_budget(self, wanted: int, seconds_each: float, *, share: float = 1.0, minimum: int = 1,
+                      what: str = "epochs") -> int:
+        """How many of ``wanted`` units (epochs, runs) fit in ``share`` of ``budget_s`` at ``seconds_each``; all of
+        them when there is no budget. Prints what it chose, so a budgeted run says what it left out (``make
+        gpu-check`` sets ``budget_s``)."""
+        if self.budget_s is None:
+            return wanted
+        fit = int(self.budget_s * share // max(seconds_each, 1e-9))
+        chosen = max(minimum, min(wanted, fit))
+        print(f"time budget: {self.budget_s * share:.0f} s at about {seconds_each:.1f} s each → {chosen} of {wanted} "
+              f"{what}" + ("" if chosen == wanted else " (the full run: budget_s = None)"))
+        return chosen
+
     def work_dir(self) -> Path:
         """This run's scratch folder (see ``helpers.results.work_dir``)."""
         return results.work_dir(self.notebook)
@@ -69,18 +83,20 @@ class Lesson:
         return ", ".join(f"`{name}`" for name in self.reference)
 
 
-def setup(notebook: str, quick: bool, device: str, *, needs: str | None = "gpu", note: str = "") -> Lesson:
+def setup(notebook: str, quick: bool, device: str, *, needs: str | None = "gpu", note: str = "",
+          budget_s: float | None = None) -> Lesson:
     """The preamble of every notebook: parameters, device, "Your hardware" banner, no-GPU notice (notebook 00).
 
     - ``COURSE_QUICK`` / ``COURSE_DEVICE`` (set by ``make test``) override ``quick`` and ``device``;
     - ``device`` is checked (a one-line ``ValueError`` naming what exists) and, on CUDA, made current;
     - when the run lacks what the lesson ``needs`` (``"gpu"``: CUDA or MPS; ``"cuda"``; None: nothing), a visible
       notice says so and names the committed
-      reference results that the figures will show instead (``note`` adds the lesson's own sentence).
+      reference results that the figures will show instead (``note`` adds the lesson's own sentence);
+    - ``budget_s`` (a notebook parameter) bounds the notebook's longest work through ``Lesson.within_budget``.
     """
     quick, device = course_parameters(quick, device)
     dev = devices.make_current(devices.pick_device(device))
-    lesson = Lesson(notebook, quick, dev, devices.describe(), results.load_reference(notebook))
+    lesson = Lesson(notebook, quick, dev, devices.describe(), results.load_reference(notebook), budget_s)
     _display_markdown(f"**Your hardware** (this notebook runs on `{dev}`, quick mode: {quick})\n\n"
                       + devices.describe_markdown(lesson.hardware))
     if (needs == "gpu" and not lesson.on_gpu) or (needs == "cuda" and dev.type != "cuda"):

@@ -99,3 +99,13 @@ def test_setup_makes_the_chosen_gpu_current(monkeypatch):
     lesson = course.setup("00_getting_started", False, "cuda:1", needs=None)
     assert lesson.device == torch.device("cuda", 1) and current == [torch.device("cuda", 1)]
     assert devices.make_current("cpu") == torch.device("cpu") and len(current) == 1
+
+
+def test_within_budget_sizes_work_and_says_so(capsys):
+    lesson = _lesson(False)
+    assert lesson.within_budget(60, 2.0) == 60 and capsys.readouterr().out == ""  # no budget: the full run
+    lesson.budget_s = 100
+    assert lesson.within_budget(60, 2.0, share=0.5) == 25
+    assert "25 of 60 epochs" in capsys.readouterr().out
+    assert lesson.within_budget(60, 500.0, minimum=2) == 2
+    assert lesson.within_budget(10, 1.0) == 10
