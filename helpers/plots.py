@@ -168,6 +168,7 @@ def image_grid(images, titles: list | None = None, *, title: str = "", ncols: in
                 a.set_title(titles[i], fontsize="small")
     if title:
         flat[0].figure.suptitle(title, fontsize="small")
+    flat[0].figure.tight_layout()
     return ax
 
 
@@ -209,6 +210,7 @@ def recipe_histories(runs: dict, *, title: str = "", ax=None):
         _finish(a)
     if title:
         ax[0].figure.suptitle(title, fontsize="small")
+        ax[0].figure.tight_layout()  # again, now that the title takes room
     return ax
 
 
