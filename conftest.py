@@ -30,6 +30,7 @@ def pytest_configure(config):
     # nbval starts each notebook's kernel with this environment; helpers.course_parameters reads it.
     os.environ["COURSE_QUICK"] = "1"
     os.environ["COURSE_DEVICE"] = "cpu"
+    os.environ["COURSE_RUN_SOLUTIONS"] = "1"  # solution cells only show their code to a learner; CI runs them
     os.environ["COURSE_RESULTS_DIR"] = str(ROOT / "build" / "test-results")
     os.environ.setdefault("MPLBACKEND", "Agg")
     tree = extract_cifar10()

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -126,6 +128,37 @@ def check(answer, expected=None, *, test=None, rel_tol: float | None = None, hin
     assert ok, f"{answer!r} is not it. {hint}".strip()
     print(f"Correct: {answer}")
     return True
+
+
+SOLUTION_MARK = "# %% exercise "
+
+
+def solution_sections(notebook: str) -> dict:
+    """``{exercise number: code}`` from ``solutions/<notebook>.py``, whose sections start with ``# %% exercise N``."""
+    path = results.project_root() / "solutions" / f"{notebook}.py"
+    sections, current = {}, None
+    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+        if line.startswith(SOLUTION_MARK):
+            current = int(line[len(SOLUTION_MARK):].split()[0])
+            sections[current] = ""
+        elif current is not None:
+            sections[current] += line
+    return {k: v.strip("\n") + "\n" for k, v in sections.items()}
+
+
+def solution(notebook: str, exercise: int, *, run: bool | None = None) -> None:
+    """Show an exercise's solution from ``solutions/<notebook>.py`` without running it (notebook 00).
+
+    "Run All" therefore never overwrites your answer. ``run=True`` runs it in the notebook (it ends with the same
+    ``check`` as the exercise); ``make test`` sets ``COURSE_RUN_SOLUTIONS=1``, so CI proves every solution passes.
+    """
+    code = solution_sections(notebook)[exercise]
+    run = os.environ.get("COURSE_RUN_SOLUTIONS") == "1" if run is None else run
+    _display_markdown(f"**Solution {exercise}** (`solutions/{notebook}.py`" + (
+        ", run here)" if run else f"; not run — `solution({notebook!r}, {exercise}, run=True)` runs it)")
+        + f":\n\n```python\n{code}```")
+    if run:
+        exec(compile(code, f"solutions/{notebook}.py, exercise {exercise}", "exec"), sys._getframe(1).f_globals)
 
 
 def show_source(obj) -> str:

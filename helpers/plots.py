@@ -276,3 +276,52 @@ def roofline(points: dict, *, peak_gflops: float, peak_gbps: float, title: str, 
     ax.set_ylabel("GFLOP/s achieved")
     _finish(ax, title)
     return ax
+
+
+def phase_stack(runs: dict, *, title: str, share: bool = False, ax=None):
+    """Horizontal stacked bars, one per run, split into the phases of a step (notebook 09).
+
+    ``runs`` maps a name ("this machine", "reference: …") to ``{phase: ms}``; the same phase has the same colour
+    in every bar, and parts wider than 6 % of their bar are labelled. ``share=True`` draws each bar as 100 % of
+    its step, to compare the shape of steps of very different lengths (a CPU's and a GPU's).
+    """
+    names = list(runs)
+    phases = list(dict.fromkeys(p for r in runs.values() for p in r))
+    ax = _axes(ax, (10, 1.0 + 0.6 * len(names)))
+    for row, name in enumerate(names):
+        left, total = 0.0, sum(runs[name].values()) or 1.0
+        for i, ph in enumerate(phases):
+            value = runs[name].get(ph, 0.0) * (100 / total if share else 1)
+            ax.barh(row, value, left=left, color=f"C{i}", edgecolor="k", label=ph if row == 0 else None)
+            if value > 0.06 * (100 if share else total):
+                ax.text(left + value / 2, row, f"{value:.3g}", ha="center", va="center", fontsize="x-small")
+            left += value
+    ax.set_yticks(range(len(names)), names, fontsize="small")
+    ax.invert_yaxis()
+    ax.set_xlabel("% of the training step" if share else "ms per training step")
+    ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5))
+    _finish(ax, title, legend=False, grid=False)
+    return ax
+
+
+def memory_search(trials: dict, *, limit_mb: float | None, title: str, ax=None):
+    """Peak memory of each batch an out-of-memory search tried, failures as red crosses at the limit (notebook 09).
+
+    ``trials`` maps a batch size to its peak MB, or to None where it ran out of memory.
+    """
+    ax = _axes(ax, (7, 3.8))
+    ok = {int(b): mb for b, mb in trials.items() if mb is not None}
+    failed = [int(b) for b, mb in trials.items() if mb is None]
+    ax.plot(list(ok), list(ok.values()), "o", color="C0", label="fits (measured peak)")
+    if limit_mb is not None:
+        ax.axhline(limit_mb, color="C3", ls="--", label=f"limit {limit_mb:.0f} MB")
+        ax.plot(failed, [limit_mb] * len(failed), "x", color="C3", ms=10, mew=2,
+                label="torch.OutOfMemoryError (recovered)")
+    for i, b in enumerate(trials):
+        y = trials[b] if trials[b] is not None else limit_mb
+        if y is not None:
+            ax.annotate(str(i + 1), (int(b), y), textcoords="offset points", xytext=(4, 4), fontsize="x-small")
+    ax.set_xlabel("batch size (images); numbers: order of the trials")
+    ax.set_ylabel("peak memory of one step (MB)")
+    _finish(ax, title)
+    return ax

@@ -55,24 +55,36 @@ def host_buffer(nbytes: int, pinned: bool = False) -> torch.Tensor:
 
 
 def copy_bandwidth(nbytes: int, src="cpu", dst="cuda", *, pinned: bool = False, non_blocking: bool = False,
-                   min_run_time: float = 0.2) -> dict:
+                   pin_each_time: bool = False, min_run_time: float = 0.2) -> dict:
     """GB/s of ``dst_buffer.copy_(src_buffer)`` for ``nbytes``, timed with a synchronised clock (notebook 03).
 
-    ``pinned`` applies to whichever side is host memory. Returns a plain dict (a record for results files).
+    ``pinned`` applies to whichever side is host memory. ``pin_each_time`` times what code that calls
+    ``x.pin_memory()`` right before every copy pays: the pinning (a host copy into new page-locked memory) plus the
+    copy. Returns a plain dict (a record for results files).
     """
     src, dst = pick_device(src), pick_device(dst)
     host_side = src.type == "cpu" or dst.type == "cpu"
-    if pinned and not host_side:
+    if (pinned or pin_each_time) and not host_side:
         raise ValueError("pinned applies to host memory: one side must be the CPU")
+    if pin_each_time and (src.type != "cpu" or not torch.cuda.is_available()):
+        raise ValueError("pin_each_time pins a host source, which needs CUDA: use it for host->GPU copies")
     a = host_buffer(nbytes, pinned and src.type == "cpu") if src.type == "cpu" else \
         torch.ones(nbytes, dtype=torch.uint8, device=src)
     b = host_buffer(nbytes, pinned and dst.type == "cpu") if dst.type == "cpu" else \
         torch.empty(nbytes, dtype=torch.uint8, device=dst)
     sync_on = dst if dst.type != "cpu" else src
-    t = time_fn(lambda: b.copy_(a, non_blocking=non_blocking), sync_on, warmup=2, min_run_time=min_run_time,
-                label=f"copy {format_bytes(nbytes)} {src}->{dst}")
+    copy = (lambda: b.copy_(a.pin_memory(), non_blocking=non_blocking)) if pin_each_time else \
+        (lambda: b.copy_(a, non_blocking=non_blocking))
+    t = time_fn(copy, sync_on, warmup=2, min_run_time=min_run_time, label=f"copy {format_bytes(nbytes)} {src}->{dst}")
     return {"bytes": nbytes, "src": str(src), "dst": str(dst), "pinned": pinned, "non_blocking": non_blocking,
-            "seconds": t.median_s, "gbps": gbps(nbytes, t.median_s)}
+            "pin_each_time": pin_each_time, "seconds": t.median_s, "gbps": gbps(nbytes, t.median_s)}
+
+
+def beyond_caches(bandwidth: dict, smallest: int = 256 * MIB) -> float | None:
+    """Median GB/s over the sizes of ``{bytes: GB/s}`` of at least ``smallest``: main memory, not a CPU cache (notebook
+    03). None when no size is that large (quick mode stays inside the caches)."""
+    big = sorted(v for s, v in bandwidth.items() if int(s) >= smallest)
+    return big[len(big) // 2] if big else None
 
 
 def cuda_event_copy_gbps(nbytes: int, repeats: int = 20) -> float:

@@ -109,3 +109,25 @@ def test_within_budget_sizes_work_and_says_so(capsys):
     assert "25 of 60 epochs" in capsys.readouterr().out
     assert lesson.within_budget(60, 500.0, minimum=2) == 2
     assert lesson.within_budget(10, 1.0) == 10
+
+
+def test_solution_is_shown_not_run_unless_asked(tmp_path, monkeypatch):
+    from helpers import results
+
+    (tmp_path / "solutions").mkdir()
+    (tmp_path / "solutions" / "99_demo.py").write_text(
+        '"""doc"""\n# %% exercise 1\nanswer = 6 * 7\n\n# %% exercise 2\nanswer = "two"\n')
+    monkeypatch.setattr(results, "project_root", lambda: tmp_path)
+    shown = []
+    monkeypatch.setattr(course, "_display_markdown", shown.append)
+    monkeypatch.delenv("COURSE_RUN_SOLUTIONS", raising=False)
+    assert course.solution_sections("99_demo") == {1: "answer = 6 * 7\n", 2: 'answer = "two"\n'}
+    global answer
+    answer = None
+    course.solution("99_demo", 1)
+    assert answer is None and "not run" in shown[-1] and "answer = 6 * 7" in shown[-1]
+    course.solution("99_demo", 1, run=True)
+    assert answer == 42
+    monkeypatch.setenv("COURSE_RUN_SOLUTIONS", "1")  # what make test sets: CI proves every solution
+    course.solution("99_demo", 2)
+    assert answer == "two"

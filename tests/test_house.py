@@ -105,3 +105,30 @@ def test_no_pasted_copy_of_a_helper_in_markdown():
 def test_scripts_import_the_installed_package(folder):
     for path in sorted((ROOT / folder).glob("*.py")):
         assert "sys.path" not in path.read_text(), f"{path.relative_to(ROOT)} edits sys.path"
+
+
+def test_solutions_live_outside_the_execution_path():
+    """Run All must not overwrite a learner's answer: solution cells only call helpers.course.solution, and every
+    section of solutions/<notebook>.py is shown by exactly one such cell (make test runs them all)."""
+    from helpers.course import solution_sections
+
+    for path in NOTEBOOKS:
+        cells = json.loads(path.read_text())["cells"]
+        calls = []
+        for i, cell in enumerate(cells):
+            text = "".join(cell["source"])
+            if cell["cell_type"] == "code" and re.search(r"^# Solution", text, re.M):
+                code = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+                assert len(code) == 1 and code[0].startswith("solution("), f"{path.name} cell {i} runs a solution"
+                calls.append(int(re.search(r", (\d+)\)", code[0]).group(1)))
+        expected = sorted(solution_sections(path.stem)) if (ROOT / "solutions" / f"{path.stem}.py").exists() else []
+        assert sorted(calls) == expected, f"{path.name}: solution cells {calls} vs solutions file {expected}"
+
+
+def test_notebook_times_come_from_measurements():
+    """A notebook header states no time of its own (estimates drifted from the README's measured course map)."""
+    for path in NOTEBOOKS:
+        header = "".join(json.loads(path.read_text())["cells"][0]["source"])
+        line = next((ln for ln in header.splitlines() if ln.startswith("**Time:**")), "")
+        assert "README" in line and not re.search(r"\d+\s*(s|min|seconds|minutes)\b", line), \
+            f"{path.name}: the Time line must point at the measured course map, not estimate: {line!r}"

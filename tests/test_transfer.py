@@ -49,3 +49,28 @@ def test_overlapped_steps_computes_every_batch_in_order(overlap):
     seen = []
     seconds = transfer.overlapped_steps(batches, lambda b: seen.append(b[0].item()), "cpu", overlap=overlap)
     assert seen == [0.0, 1.0, 2.0, 3.0, 4.0] and seconds > 0
+
+
+def test_pin_each_time_needs_cuda_and_a_host_source(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="pin_each_time pins a host source, which needs CUDA"):
+        transfer.copy_bandwidth(1024, "cpu", "cpu", pin_each_time=True)
+
+
+def test_beyond_caches_takes_only_large_sizes():
+    bw = {2**20: 40.0, 2**28: 12.0, 2**29: 11.0, 2**30: 10.0}
+    assert transfer.beyond_caches(bw) == 11.0
+    assert transfer.beyond_caches({2**20: 40.0}) is None
+
+
+def test_batches_go_to_a_gpu_non_blocking(monkeypatch):
+    """fit moves every batch with non_blocking=True on CUDA, pinned or not (a recorder stands in for the GPU copy)."""
+    from helpers import training
+
+    calls = []
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: calls.append(k.get("non_blocking")) or self)
+    training.split_batch((torch.zeros(2, 3), torch.zeros(2, dtype=torch.long)), torch.device("cuda"))
+    assert calls == [True, True]
+    calls.clear()
+    training.split_batch((torch.zeros(2, 3), torch.zeros(2, dtype=torch.long)), torch.device("cpu"))
+    assert calls == [False, False]

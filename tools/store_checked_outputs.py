@@ -42,7 +42,7 @@ def strip(nb) -> None:
 
 
 def main(paths: list[str]) -> int:
-    os.environ.update(COURSE_QUICK="1", COURSE_DEVICE="cpu")
+    os.environ.update(COURSE_QUICK="1", COURSE_DEVICE="cpu", COURSE_RUN_SOLUTIONS="1")
     os.environ.setdefault("COURSE_RESULTS_DIR", str(Path("build/store-outputs-results").resolve()))
     for p in paths:
         path = Path(p).resolve()

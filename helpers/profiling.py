@@ -1,0 +1,496 @@
+"""Where a training step's time and memory go: profiler traces, step phases, peak memory (taught in notebook 09).
+
+- ``profile_training`` runs real training steps from a ``DataLoader`` under ``torch.profiler``, each phase (data
+  wait, host→device copy, forward, backward, optimizer) wrapped in ``record_function`` and ended by a device
+  synchronisation, and exports a Chrome/Perfetto trace;
+- ``step_phases`` reads the phases back *from the trace file*, ``verdict`` names the bound (input, launch or
+  compute) and the fix it calls for;
+- ``step_peak_mb`` is the peak memory of one step (CUDA memory statistics on a GPU, the profiler's memory events
+  on a CPU), ``find_max_batch`` the largest batch that fits, found by a search that recovers from
+  ``torch.OutOfMemoryError`` (a real one on CUDA, or one raised by a *planted* limit: ``planted_limit``);
+- ``Checkpointed`` and ``checkpointing_tradeoff``: activation checkpointing's memory-for-time trade, measured.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import statistics
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+from torch.profiler import ProfilerActivity, profile, record_function, schedule
+from torch.utils.checkpoint import checkpoint_sequential
+
+from .devices import synchronize
+
+PHASES = ("data wait", "host to device", "forward", "backward", "optimizer")
+PHASE_PREFIX = "phase/"       # record_function names: "phase/forward", ...
+INPUT_BOUND_SHARE = 0.2       # input phases (data wait + copy) at least this share of the step: input-bound
+LAUNCH_BOUND_BUSY = 0.5       # device busy less than this share of the compute phases: launch-bound
+GPU_KERNEL_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def quiet_profiler(device: str | torch.device) -> None:
+    """Without a GPU, silence the "gpuGetDeviceCount failed" and start/stop lines of a CUDA build's profiler (notebook 09).
+
+    Sets ``KINETO_LOG_LEVEL`` (unless you set it) before the first profile; on a CUDA device it leaves it alone.
+    """
+    if torch.device(device).type != "cuda":
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+
+
+def activities(device: str | torch.device) -> list:
+    """The profiler activities for ``device``: the CPU always, CUDA kernels on a CUDA GPU (notebook 09)."""
+    device = torch.device(device)
+    return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+
+
+@contextmanager
+def phase(name: str, device: torch.device, times: dict):
+    """Annotate a phase for the profiler, end it with a device synchronisation, and time it (ms) into ``times``.
+
+    The synchronisation makes the host-side range cover the device's work for the phase (notebook 09).
+    """
+    t0 = time.perf_counter()
+    with record_function(PHASE_PREFIX + name):
+        yield
+        synchronize(device)
+    times[name] = (time.perf_counter() - t0) * 1e3
+
+
+def annotated_step(model: nn.Module, optimizer, batches, device: torch.device, loss_fn=None) -> dict:
+    """One training step from the iterator ``batches``, phase by phase; returns each phase's ms (notebook 09)."""
+    loss_fn, times = loss_fn or nn.CrossEntropyLoss(), {}
+    with phase("data wait", device, times):
+        x, y = next(batches)
+    with phase("host to device", device, times):
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+    with phase("forward", device, times):
+        loss = loss_fn(model(x), y)
+    with phase("backward", device, times):
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+    with phase("optimizer", device, times):
+        optimizer.step()
+    return times
+
+
+def _forever(loader):
+    """Batches from ``loader``, epoch after epoch (a fresh iterator each epoch, unlike ``itertools.cycle``)."""
+    while True:
+        yield from loader
+
+
+@dataclass
+class ProfileRun:
+    """What ``profile_training`` measured: the trace file, the profiler (for its table), per-step clock times."""
+
+    trace: Path | None
+    profiler: object | None
+    clock_ms: list = field(default_factory=list)   # one {phase: ms} dict per recorded step
+    step_ms: list = field(default_factory=list)    # wall time per recorded step (host clock, synchronised)
+
+
+def profile_training(model: nn.Module, loader, device: str | torch.device, *, optimizer, loss_fn=None,
+                     wait: int = 1, warmup: int = 1, active: int = 3, trace: str | Path | None = None,
+                     profile_memory: bool = False, enabled: bool = True) -> ProfileRun:
+    """Train ``wait + warmup + active`` steps from ``loader`` under ``torch.profiler``, phases annotated (notebook 09).
+
+    The profiler skips ``wait`` steps (the loader's workers start), warms up for ``warmup`` and records
+    ``active``; the trace of those is written to ``trace`` (open it in https://ui.perfetto.dev). With
+    ``enabled=False`` the same steps run without the profiler, timed by the synchronised clock alone.
+    """
+    device = torch.device(device)
+    model.to(device).train()
+    batches, run = _forever(loader), ProfileRun(None, None)
+    quiet_profiler(device)
+    prof = profile(activities=activities(device), schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
+                   profile_memory=profile_memory) if enabled else None
+    with prof if prof is not None else _nothing():
+        for i in range(wait + warmup + active):
+            t0 = time.perf_counter()
+            times = annotated_step(model, optimizer, batches, device, loss_fn)
+            if i >= wait + warmup:
+                run.clock_ms.append(times)
+                run.step_ms.append((time.perf_counter() - t0) * 1e3)
+            if prof is not None:
+                prof.step()
+    if prof is not None and trace is not None:
+        Path(trace).parent.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(trace))
+        run.trace = Path(trace)
+    run.profiler = prof
+    return run
+
+
+@contextmanager
+def _nothing():
+    yield
+
+
+def load_trace(trace) -> list:
+    """The events of a Chrome/Perfetto trace: a path to the JSON file, or the list itself (notebook 09)."""
+    if isinstance(trace, (str, Path)):
+        return json.loads(Path(trace).read_text())["traceEvents"]
+    return list(trace)
+
+
+def _spans(events: list, prefix: str) -> list:
+    return sorted(((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events
+                   if e.get("cat") == "user_annotation" and e.get("ph") == "X" and e.get("name", "").startswith(prefix)))
+
+
+def _outer_ops(events: list) -> list:
+    """(start, end) of CPU operators not called by another operator: their union is the time spent inside PyTorch's
+    operators; the rest of a phase is Python and the framework around them (on a CPU, the "launch" overhead)."""
+    ops = sorted((e.get("tid"), e["ts"], e["ts"] + e["dur"]) for e in events
+                 if e.get("cat") == "cpu_op" and e.get("ph") == "X")
+    outer = []
+    for tid, start, end in ops:
+        if outer and outer[-1][0] == tid and start < outer[-1][2]:
+            outer[-1][2] = max(outer[-1][2], end)  # nested in (or overlapping) the previous outer operator
+        else:
+            outer.append([tid, start, end])
+    return [(start, end) for _, start, end in outer]
+
+
+def _busy_in(intervals: list, windows: list) -> float:
+    """Total length of ``intervals`` that start inside one of ``windows`` (µs)."""
+    return sum(end - start for start, end in intervals if any(a <= start < b for a, b in windows))
+
+
+@dataclass
+class StepPhases:
+    """Mean time per step of each phase, read from a trace; ``busy_ms``: device work inside the compute phases."""
+
+    phase_ms: dict            # phase -> ms per step (mean over the recorded steps), with "other" = the rest
+    step_ms: float            # mean step time (ms), the sum of phase_ms
+    steps: int
+    busy_ms: float | None     # GPU kernels (on a CPU: time inside operators) in forward + backward + optimizer
+    busy_source: str
+
+    def state_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def step_phases(trace) -> StepPhases:
+    """Split each recorded step of a ``profile_training`` trace into its phases (ms per step, notebook 09).
+
+    Steps are the profiler's ``ProfilerStep#N`` ranges; phases the ``phase/…`` ranges inside them; "other" is
+    what no phase covers (the loop itself, the profiler's step bookkeeping). Device busy time counts GPU
+    kernels and copies when the trace has them, else the time inside PyTorch's operators on the CPU.
+    """
+    events = load_trace(trace)
+    steps, phases = _spans(events, "ProfilerStep#"), _spans(events, PHASE_PREFIX)
+    if not steps:
+        raise ValueError("no ProfilerStep ranges in this trace: call prof.step() after every step")
+    totals = {p: 0.0 for p in PHASES}
+    compute = []
+    for a, b, name in phases:
+        if any(s <= a < e for s, e, _ in steps):
+            key = name[len(PHASE_PREFIX):]
+            totals[key] = totals.get(key, 0.0) + (b - a)
+            if key in ("forward", "backward", "optimizer"):
+                compute.append((a, b))
+    n, step_total = len(steps), sum(e - s for s, e, _ in steps)
+    phase_ms = {k: v / n / 1e3 for k, v in totals.items()}
+    phase_ms["other"] = max(0.0, step_total / n / 1e3 - sum(phase_ms.values()))
+    kernels = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in GPU_KERNEL_CATEGORIES]
+    source = "GPU kernels and copies" if kernels else "time inside PyTorch operators (CPU)"
+    busy = _busy_in(kernels if kernels else _outer_ops(events), compute) / n / 1e3
+    return StepPhases(phase_ms, sum(phase_ms.values()), n, busy, source)
+
+
+@dataclass
+class Verdict:
+    """What bounds a training step, why (from the numbers), and the fix that calls for (notebook 09)."""
+
+    bound: str      # "input-bound" | "launch-bound" | "compute-bound"
+    reason: str
+    fix: str
+
+
+FIXES = {
+    "input-bound": "feed the device faster: more DataLoader workers (num_workers), pin_memory=True with "
+                   "non_blocking copies, augmentation batched on the device, decoded images cached (notebook 04)",
+    "launch-bound": "give the device bigger pieces of work: a larger batch, fewer and fused operators "
+                    "(torch.compile), CUDA graphs (notebook 08)",
+    "compute-bound": "make the arithmetic cheaper: mixed precision and channels_last (notebook 06), "
+                     "torch.compile (notebook 08), a faster or a second device (notebook 05)",
+}
+
+
+def verdict(phase_ms: dict, busy_ms: float | None = None) -> Verdict:
+    """Name the bound of a step from its phases (ms) and device busy time (notebook 09).
+
+    Input-bound: data wait + host→device copy take at least ``INPUT_BOUND_SHARE`` of the step. Otherwise
+    launch-bound: the device is busy for less than ``LAUNCH_BOUND_BUSY`` of the compute phases (it waits for
+    the host to issue work). Otherwise compute-bound.
+    """
+    step = sum(phase_ms.values())
+    if step <= 0:
+        raise ValueError("the phases add up to no time at all")
+    inputs = phase_ms.get("data wait", 0.0) + phase_ms.get("host to device", 0.0)
+    compute = sum(phase_ms.get(k, 0.0) for k in ("forward", "backward", "optimizer"))
+    if inputs / step >= INPUT_BOUND_SHARE:
+        return Verdict("input-bound", f"waiting for and copying the batch takes {inputs / step:.0%} of the step",
+                       FIXES["input-bound"])
+    if busy_ms is not None and compute > 0 and busy_ms / compute < LAUNCH_BOUND_BUSY:
+        return Verdict("launch-bound", f"the device is busy for only {busy_ms / compute:.0%} of the forward, "
+                       "backward and optimizer time", FIXES["launch-bound"])
+    busy = f"; the device is busy {busy_ms / compute:.0%} of it" if busy_ms is not None and compute > 0 else ""
+    return Verdict("compute-bound", f"forward, backward and optimizer take {compute / step:.0%} of the step{busy}",
+                   FIXES["compute-bound"])
+
+
+# ---------------------------------------------------------------- memory
+
+def tensor_mb(*objects) -> float:
+    """MB held by the tensors of modules (parameters, gradients, buffers) and optimizers (state) (notebook 09).
+
+    Sharded (DTensor) parameters count their local shard only: what this process holds.
+    """
+    seen, total = set(), 0
+
+    def add(t):
+        nonlocal total
+        t = t.to_local() if hasattr(t, "to_local") else t
+        if torch.is_tensor(t) and t.untyped_storage().data_ptr() not in seen:
+            seen.add(t.untyped_storage().data_ptr())
+            total += t.untyped_storage().nbytes()
+
+    for obj in objects:
+        if isinstance(obj, nn.Module):
+            for t in [*obj.parameters(), *obj.buffers()]:
+                add(t)
+                if getattr(t, "grad", None) is not None:
+                    add(t.grad)
+        elif isinstance(obj, torch.optim.Optimizer):
+            for state in obj.state.values():
+                for v in state.values():
+                    if torch.is_tensor(v) and v.dim() > 0:
+                        add(v)
+    return total / 2**20
+
+
+def memory_source(device: str | torch.device) -> str:
+    """What ``step_peak_mb`` measures on ``device``, for labels (notebook 09)."""
+    kind = torch.device(device).type
+    return {"cuda": "CUDA memory statistics: torch.cuda.max_memory_allocated",
+            "mps": "MPS allocated memory after forward and after backward (no peak counter)"}.get(
+        kind, "profiler memory view: model and optimizer tensors + peak of the tensors allocated during the step "
+              "(CPU, no CUDA counters)")
+
+
+def trace_peak_mb(trace, device_type: int = 0) -> float:
+    """Peak MB of tensors allocated and not yet freed during a trace, from its ``[memory]`` events (notebook 09).
+
+    ``device_type`` 0 is the CPU (the profiler's numbering). Memory allocated before profiling started is not in
+    the trace: add the tensors that already existed (``tensor_mb``) for a whole-process figure.
+    """
+    events = sorted((e["ts"], e["args"]["Bytes"]) for e in load_trace(trace)
+                    if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type", 0) == device_type)
+    live = peak = 0
+    for _, nbytes in events:
+        live += nbytes
+        peak = max(peak, live)
+    return peak / 2**20
+
+
+def profiler_peak_mb(fn: Callable[[], object]) -> float:
+    """Peak MB of CPU tensors allocated (and not yet freed) while ``fn()`` runs, from the profiler (notebook 09)."""
+    import tempfile
+
+    quiet_profiler(torch.device("cpu"))
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    with tempfile.TemporaryDirectory() as tmp:
+        prof.export_chrome_trace(str(Path(tmp) / "memory.json"))
+        return trace_peak_mb(Path(tmp) / "memory.json")
+
+
+def step_peak_mb(model: nn.Module, optimizer, batch_size: int, device: str | torch.device, *,
+                 make_batch: Callable[[int], tuple] | None = None, loss_fn=None) -> float:
+    """Peak memory (MB) of one training step at ``batch_size``, the batch created on the device (notebook 09).
+
+    On CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats`` (everything the process
+    holds on the GPU). On a CPU: the model's and optimizer's tensors plus the profiler's peak of what the step
+    allocates (``memory_source`` says which). ``make_batch(n)`` defaults to CIFAR-sized random images.
+    """
+    device = torch.device(device)
+    make_batch = make_batch or (lambda n: (torch.randn(n, 3, 32, 32), torch.randint(0, 10, (n,))))
+    loss_fn = loss_fn or nn.CrossEntropyLoss()
+    model.to(device).train()
+    optimizer.zero_grad(set_to_none=True)
+    samples = []
+
+    def step():
+        x, y = (t.to(device) for t in make_batch(batch_size))
+        loss = loss_fn(model(x), y)
+        samples.append(_mps_allocated(device))
+        loss.backward()
+        samples.append(_mps_allocated(device))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        synchronize(device)
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        step()
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    if device.type == "mps":
+        step()
+        return max(samples) / 2**20
+    before = tensor_mb(model, optimizer)
+    return before + profiler_peak_mb(step)
+
+
+def _mps_allocated(device: torch.device) -> int:
+    return torch.mps.current_allocated_memory() if device.type == "mps" else 0
+
+
+def free_memory(device: str | torch.device) -> None:
+    """Give freed memory back after an out-of-memory error: collect garbage, empty the CUDA cache (notebook 09)."""
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def planted_limit(measure: Callable[[int], float], limit_mb: float) -> Callable[[int], float]:
+    """``measure(batch) -> peak MB``, but raising ``torch.OutOfMemoryError`` above ``limit_mb`` (notebook 09).
+
+    Stands in for a device of ``limit_mb`` MB, so that an out-of-memory search really meets the error and
+    really recovers from it on a machine with memory to spare (a CPU). The step runs, then is judged.
+    """
+    def measure_within_limit(batch: int) -> float:
+        peak = measure(batch)
+        if peak > limit_mb:
+            raise torch.OutOfMemoryError(f"planted limit: batch {batch} needs {peak:.0f} MB, the limit is "
+                                         f"{limit_mb:.0f} MB")
+        return peak
+
+    return measure_within_limit
+
+
+@contextmanager
+def memory_budget(device: str | torch.device, limit_mb: float | None):
+    """On CUDA, let the caching allocator use at most ``limit_mb`` MB (real OOM errors above it) (notebook 09).
+
+    ``torch.cuda.set_per_process_memory_fraction``, restored to the whole device afterwards. Elsewhere, and
+    with ``limit_mb=None``, it does nothing.
+    """
+    device = torch.device(device)
+    if device.type != "cuda" or limit_mb is None:
+        yield
+        return
+    total = torch.cuda.get_device_properties(device).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, limit_mb * 2**20 / total), device)
+    try:
+        yield
+    finally:
+        free_memory(device)
+        torch.cuda.set_per_process_memory_fraction(1.0, device)
+
+
+def find_max_batch(measure: Callable[[int], float], *, start: int = 8, cap: int | None = None,
+                   resolution: float = 0.05, device: str | torch.device = "cpu", deadline: float | None = None,
+                   log: Callable[[str], None] = print) -> dict:
+    """The largest batch whose step fits: double until out of memory, then bisect, recovering each time (notebook 09).
+
+    ``measure(batch)`` runs a step and returns its peak MB, raising ``torch.OutOfMemoryError`` when it does not fit
+    (the real CUDA error, or ``planted_limit``'s). Bisection stops when the gap is within ``resolution`` of the
+    batch; ``cap`` bounds the batch and ``deadline`` (a ``time.monotonic()`` value) the search time.
+    """
+    trials = {}
+
+    def fits(batch: int) -> bool:
+        try:
+            trials[batch] = measure(batch)
+            return True
+        except torch.OutOfMemoryError as err:  # only this error: anything else is a bug to see
+            trials[batch], message = None, str(err).splitlines()[0][:140]
+        free_memory(device)  # after the except block: the traceback no longer holds the step's tensors
+        log(f"batch {batch}: torch.OutOfMemoryError ({message}) — recovered, searching lower")
+        return False
+
+    def late() -> bool:
+        return deadline is not None and time.monotonic() > deadline
+
+    lo, hi, batch, stopped = 0, None, start, None
+    while hi is None and stopped is None:
+        if late():
+            stopped = "time"
+        elif not fits(batch):
+            hi = batch
+        elif cap is not None and batch >= cap:
+            lo, stopped = batch, "cap"
+        else:
+            lo, batch = batch, batch * 2 if cap is None else min(batch * 2, cap)
+    while hi is not None and hi - lo > max(1, int(resolution * lo)) and stopped is None:
+        mid = (lo + hi) // 2
+        if late():
+            stopped = "time"
+        elif fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return {"max_batch": lo, "first_oom": hi, "trials": trials,  # in the order they were tried
+            "ooms": sum(v is None for v in trials.values()), "stopped": stopped}
+
+
+# ---------------------------------------------------------------- activation checkpointing
+
+class Checkpointed(nn.Module):
+    """A ``ConvBlockNet``-shaped model whose ``features`` run under activation checkpointing (notebook 09).
+
+    ``checkpoint_sequential`` keeps only the inputs of ``segments`` segments during the forward pass and
+    recomputes each segment's activations in the backward pass: less memory, one more forward's worth of time.
+    The recomputation runs BatchNorm layers again, so their running statistics are updated twice per step.
+    """
+
+    def __init__(self, model: nn.Module, segments: int):
+        super().__init__()
+        self.model, self.segments = model, segments
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and torch.is_grad_enabled():
+            features = checkpoint_sequential(self.model.features, self.segments, x, use_reentrant=False)
+        else:
+            features = self.model.features(x)
+        return self.model.head(features.mean(dim=(2, 3)))
+
+
+def checkpointing_tradeoff(make_model: Callable[[], nn.Module], batch_size: int, device: str | torch.device, *,
+                           segments: int = 4, min_run_time: float = 0.3) -> dict:
+    """Peak memory and step time of a model with and without activation checkpointing, and the ratios (notebook 09)."""
+    from .timing import time_train_step
+
+    found = {}
+    for name in ("plain", "checkpointed"):
+        torch.manual_seed(0)
+        model = make_model()
+        model = Checkpointed(model, segments) if name == "checkpointed" else model
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        peak = step_peak_mb(model, opt, batch_size, device)
+        batch = (torch.randn(batch_size, 3, 32, 32), torch.randint(0, 10, (batch_size,)))
+        t = time_train_step(model, batch, device, optimizer=opt, min_run_time=min_run_time, label=name)
+        found[name] = {"peak_mb": peak, "step_ms": t.median_s * 1e3}
+    found["memory_ratio"] = found["checkpointed"]["peak_mb"] / found["plain"]["peak_mb"]
+    found["time_ratio"] = found["checkpointed"]["step_ms"] / found["plain"]["step_ms"]
+    return found
+
+
+def linear_fit(points: dict) -> tuple[float, float]:
+    """Least-squares ``y = a + b x`` through ``{x: y}``: (intercept, slope), e.g. fixed MB and MB per image (notebook 09)."""
+    xs, ys = [float(x) for x in points], [float(y) for y in points.values()]
+    if len(xs) < 2:
+        raise ValueError("a line needs at least two points")
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return my - slope * mx, slope

@@ -1,0 +1,237 @@
+"""helpers.profiling and helpers.sharding (notebook 09): step phases from a trace, the verdict, peak memory, the
+out-of-memory search and its recovery, activation checkpointing, and DDP against fully_shard on gloo."""
+import math
+import statistics
+import time
+
+import matplotlib
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from helpers import profiling, sharding
+from helpers.models import ConvBlockNet
+
+matplotlib.use("Agg")
+
+
+def _small_net(batch_norm=True):
+    return ConvBlockNet(widths=(8, 16, 16), depth=2, batch_norm=batch_norm)
+
+
+# ---------------------------------------------------------------- the out-of-memory search
+
+def _linear_measure(fixed=2.0, per_item=0.5, calls=None):
+    def measure(batch):
+        if calls is not None:
+            calls.append(batch)
+        return fixed + per_item * batch
+    return measure
+
+
+def test_planted_limit_search_finds_the_exact_largest_batch_and_recovers():
+    calls, logged = [], []
+    measure = profiling.planted_limit(_linear_measure(calls=calls), limit_mb=40)  # fits up to (40 - 2) / 0.5 = 76
+    found = profiling.find_max_batch(measure, start=8, resolution=0.0, log=logged.append)
+    assert found["max_batch"] == 76 and found["first_oom"] == 77
+    assert found["ooms"] == len(logged) >= 2, "every planted OutOfMemoryError was met, logged and recovered from"
+    assert all("OutOfMemoryError" in line and "recovered" in line for line in logged)
+    assert found["trials"][76] == pytest.approx(40.0) and found["trials"][77] is None
+    assert list(found["trials"]) == calls, "trials are kept in the order they were tried"
+    assert calls[:4] == [8, 16, 32, 64] and found["stopped"] is None
+
+
+def test_search_resolution_cap_and_deadline():
+    measure = profiling.planted_limit(_linear_measure(), limit_mb=1000)  # true answer 1996
+    coarse = profiling.find_max_batch(measure, start=8, resolution=0.05, log=lambda s: None)
+    assert 0.95 * 1996 <= coarse["max_batch"] <= 1996 and coarse["first_oom"] > 1996
+    capped = profiling.find_max_batch(measure, start=8, cap=100, log=lambda s: None)
+    assert capped["max_batch"] == 100 and capped["stopped"] == "cap" and capped["ooms"] == 0
+    late = profiling.find_max_batch(measure, start=8, deadline=time.monotonic() - 1, log=lambda s: None)
+    assert late["stopped"] == "time" and late["trials"] == {}
+    too_big = profiling.planted_limit(_linear_measure(fixed=50), limit_mb=40)
+    assert profiling.find_max_batch(too_big, start=8, log=lambda s: None)["max_batch"] == 0
+
+
+def test_search_lets_other_errors_through():
+    def broken(batch):
+        raise RuntimeError("a real bug")
+
+    with pytest.raises(RuntimeError, match="a real bug"):
+        profiling.find_max_batch(broken, start=8, log=lambda s: None)
+
+
+def test_search_on_a_real_training_step_then_training_goes_on():
+    torch.manual_seed(0)
+    model = _small_net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    images = lambda n: (torch.randn(n, 3, 16, 16), torch.randint(0, 10, (n,)))  # noqa: E731
+    measure = profiling.planted_limit(lambda b: profiling.step_peak_mb(model, opt, b, "cpu", make_batch=images), 2.0)
+    found = profiling.find_max_batch(measure, start=4, resolution=0.25, log=lambda s: None)
+    assert found["ooms"] >= 1 and 4 <= found["max_batch"] < found["first_oom"]
+    assert all(mb is None or mb <= 2.0 for mb in found["trials"].values())
+    assert profiling.step_peak_mb(model, opt, found["max_batch"], "cpu", make_batch=images) <= 2.0 * 1.05
+
+
+def test_memory_budget_is_a_no_op_off_cuda():
+    with profiling.memory_budget("cpu", 10):
+        x = torch.zeros(4 * 2**20)  # 16 MB: no limit on a CPU
+    assert x.numel() == 4 * 2**20
+
+
+# ---------------------------------------------------------------- memory measurements
+
+def test_tensor_mb_counts_parameters_gradients_and_optimizer_state():
+    lin = nn.Linear(10, 10)  # 110 parameters
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1, momentum=0.9)
+    assert profiling.tensor_mb(lin, opt) * 2**20 == 110 * 4
+    lin(torch.randn(3, 10)).sum().backward()
+    opt.step()  # now gradients and momentum buffers exist
+    assert profiling.tensor_mb(lin, opt) * 2**20 == 3 * 110 * 4
+
+
+def test_trace_peak_follows_allocations_and_frees():
+    mb = 2**20
+    events = [{"name": "[memory]", "ts": t, "args": {"Bytes": b, "Device Type": 0}}
+              for t, b in [(1, 3 * mb), (2, 5 * mb), (3, -3 * mb), (4, 2 * mb), (5, -4 * mb)]]
+    events.append({"name": "[memory]", "ts": 6, "args": {"Bytes": 100 * mb, "Device Type": 1}})  # another device
+    assert profiling.trace_peak_mb(events) == 8.0
+
+
+def test_step_peak_grows_linearly_with_batch():
+    torch.manual_seed(0)
+    model = _small_net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    peaks = {b: profiling.step_peak_mb(model, opt, b, "cpu") for b in (4, 8, 16)}
+    fixed, per_image = profiling.linear_fit(peaks)
+    assert peaks[4] < peaks[8] < peaks[16]
+    assert per_image > 0 and fixed >= profiling.tensor_mb(model, opt) * 0.9
+    assert peaks[8] == pytest.approx(fixed + 8 * per_image, rel=0.05), "activations scale with the batch"
+
+
+def test_linear_fit_is_exact_on_a_line():
+    assert profiling.linear_fit({1: 5.0, 3: 9.0, 4: 11.0}) == pytest.approx((3.0, 2.0))
+    with pytest.raises(ValueError):
+        profiling.linear_fit({1: 1.0})
+
+
+# ---------------------------------------------------------------- step phases and the verdict
+
+def _span(name, ts, dur):
+    return {"ph": "X", "cat": "user_annotation", "name": name, "ts": ts, "dur": dur}
+
+
+def test_step_phases_parse_a_trace_in_microseconds():
+    events = []
+    for k, t0 in enumerate((0, 10_000)):
+        events += [_span(f"ProfilerStep#{k}", t0, 10_000), _span("phase/data wait", t0 + 100, 1_000),
+                   _span("phase/host to device", t0 + 1_100, 500), _span("phase/forward", t0 + 1_600, 3_000),
+                   _span("phase/backward", t0 + 4_600, 4_000), _span("phase/optimizer", t0 + 8_600, 1_000)]
+        events.append({"ph": "X", "cat": "kernel", "name": "gemm", "ts": t0 + 2_000, "dur": 2_500})
+    events.append(_span("phase/forward", 50_000, 9_999))  # outside every recorded step: ignored
+    phases = profiling.step_phases(events)
+    assert phases.steps == 2 and phases.step_ms == pytest.approx(10.0)
+    assert phases.phase_ms == pytest.approx({"data wait": 1.0, "host to device": 0.5, "forward": 3.0,
+                                             "backward": 4.0, "optimizer": 1.0, "other": 0.5})
+    assert phases.busy_ms == pytest.approx(2.5) and "GPU" in phases.busy_source
+    with pytest.raises(ValueError, match="ProfilerStep"):
+        profiling.step_phases([_span("phase/forward", 0, 10)])
+
+
+def test_profiled_phases_sum_to_the_step_and_agree_with_the_clock(tmp_path):
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(96, 3, 16, 16), torch.randint(0, 10, (96,)))
+    model = _small_net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    run = profiling.profile_training(model, DataLoader(data, batch_size=16), "cpu", optimizer=opt, active=3,
+                                     trace=tmp_path / "t.json")
+    phases = profiling.step_phases(run.trace)
+    assert phases.steps == 3 and len(run.clock_ms) == 3
+    assert sum(phases.phase_ms.values()) == pytest.approx(phases.step_ms)
+    named = sum(v for k, v in phases.phase_ms.items() if k != "other")
+    assert named >= 0.9 * phases.step_ms, f"the phases cover the step: {phases.phase_ms}"
+    clock_step = statistics.fmean(run.step_ms)
+    assert phases.step_ms == pytest.approx(clock_step, rel=0.15, abs=2.0), "the trace's µs become ms correctly"
+    for name in profiling.PHASES:
+        clock = statistics.fmean(s[name] for s in run.clock_ms)
+        assert phases.phase_ms[name] == pytest.approx(clock, rel=0.1, abs=0.5), name
+    assert 0 < phases.busy_ms <= phases.phase_ms["forward"] + phases.phase_ms["backward"] + phases.phase_ms["optimizer"]
+    assert run.profiler.key_averages().table(row_limit=3)
+
+
+def test_profile_training_without_the_profiler_still_times_the_phases():
+    data = TensorDataset(torch.randn(64, 3, 16, 16), torch.randint(0, 10, (64,)))
+    model = _small_net()
+    run = profiling.profile_training(model, DataLoader(data, batch_size=16), "cpu",
+                                     optimizer=torch.optim.SGD(model.parameters(), lr=0.01), active=6, enabled=False)
+    assert run.trace is None and run.profiler is None and len(run.step_ms) == 6, "iterates past one epoch (4 batches)"
+    assert all(set(s) == set(profiling.PHASES) for s in run.clock_ms)
+
+
+@pytest.mark.parametrize("phases, busy, bound", [
+    ({"data wait": 30, "host to device": 2, "forward": 20, "backward": 40, "optimizer": 5}, 60, "input-bound"),
+    ({"data wait": 18, "host to device": 2, "forward": 20, "backward": 50, "optimizer": 10}, 80, "input-bound"),  # 20 %
+    ({"data wait": 1, "host to device": 0.5, "forward": 6, "backward": 10, "optimizer": 4}, 5, "launch-bound"),
+    ({"data wait": 1, "host to device": 0.5, "forward": 6, "backward": 10, "optimizer": 4}, None, "compute-bound"),
+    ({"data wait": 1, "host to device": 2, "forward": 30, "backward": 60, "optimizer": 8}, 95, "compute-bound"),
+    ({"data wait": 1, "host to device": 0, "forward": 30, "backward": 60, "optimizer": 9}, 49.4, "launch-bound"),
+])
+def test_verdict_rules(phases, busy, bound):
+    v = profiling.verdict(phases, busy_ms=busy)
+    assert v.bound == bound and v.fix == profiling.FIXES[bound] and v.reason
+
+
+def test_verdict_refuses_an_empty_step():
+    with pytest.raises(ValueError):
+        profiling.verdict({"forward": 0.0})
+
+
+# ---------------------------------------------------------------- activation checkpointing
+
+def test_checkpointed_model_computes_the_same_gradients():
+    torch.manual_seed(0)
+    plain = _small_net(batch_norm=False)
+    ckpt = profiling.Checkpointed(_small_net(batch_norm=False), segments=2)
+    ckpt.model.load_state_dict(plain.state_dict())
+    x = torch.randn(4, 3, 16, 16)
+    plain(x).square().sum().backward()
+    ckpt(x).square().sum().backward()
+    for a, b in zip(plain.parameters(), ckpt.model.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_checkpointing_lowers_measured_peak_memory():
+    found = profiling.checkpointing_tradeoff(lambda: ConvBlockNet(widths=(16, 32, 32), depth=3), 16, "cpu",
+                                             segments=3, min_run_time=0.05)
+    assert found["checkpointed"]["peak_mb"] < found["plain"]["peak_mb"], found
+    assert found["memory_ratio"] < 0.95 and math.isfinite(found["time_ratio"]) and found["time_ratio"] > 0
+
+
+# ---------------------------------------------------------------- figures
+
+def test_new_plots_draw_into_given_axes():
+    import matplotlib.pyplot as plt
+
+    from helpers import plots
+
+    fig, (a, b) = plt.subplots(1, 2)
+    runs = {"this machine": {"data wait": 1.0, "forward": 2.0}, "reference": {"data wait": 3.0, "backward": 1.0}}
+    assert plots.phase_stack(runs, title="t", share=True, ax=a) is a
+    assert len(a.patches) == 2 * 3, "one segment per phase in every bar"
+    assert plots.memory_search({8: 1.0, 16: None, 12: 1.5}, limit_mb=2.0, title="t", ax=b) is b
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------- sharding on gloo
+
+def test_fully_shard_halves_what_each_of_two_ranks_holds(tmp_path):
+    found = sharding.compare(2, tmp_path / "s.json", width=128, layers=2, steps=2, timeout=300, echo=False)
+    ddp, fsdp = found["ddp"], found["fsdp"]
+    assert found["backend"] == "gloo" and len(ddp) == len(fsdp) == 2
+    expected = 4 * found["parameters_mb"]  # parameters, gradients, two Adam moments, fp32
+    for d, f in zip(ddp, fsdp):
+        assert d["held_mb"] == pytest.approx(expected, rel=0.02)
+        assert f["held_mb"] == pytest.approx(expected / 2, rel=0.05)
+        assert f["peak_mb"] < d["peak_mb"]
+    assert found["max_loss_difference"] < 1e-5, "sharding must not change the arithmetic"
