@@ -27,6 +27,7 @@ REFERENCE_BATCH = 256   # --base-lr is the rate for this global batch; the linea
 SUBSET_SEED = 1234      # --train-limit: the same random training subset on every rank and every run
 VAL_SUBSET_SEED = 4321  # --val-limit: the same random validation subset (every class, as in the test set)
 EVAL_BATCH = 512        # batch size for validation and the final test (no gradients: larger is fine)
+BUDGET_SAFETY = 0.9     # --budget-min: plan for 90 % of the budget (the loop has overheads a timed step has not)
 
 
 def _parse(argv):
@@ -35,12 +36,14 @@ def _parse(argv):
     ap.add_argument("--synthetic", type=int, default=0, help="use N synthetic training images instead of --data")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cpu: gloo processes; cuda: one GPU per rank")
     ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--budget-min", type=float, default=0.0,
+                    help="train for as many epochs as fit in this many minutes (measured model speed); 0: --epochs")
     ap.add_argument("--batch-size", type=int, default=256, help="per rank; the global batch (MATLAB MiniBatchSize) is this x world size")
     ap.add_argument("--base-lr", type=float, default=0.1, help=f"learning rate for a global batch of {REFERENCE_BATCH}")
     ap.add_argument("--momentum", type=float, default=0.9)
     ap.add_argument("--weight-decay", type=float, default=1e-10, help="MATLAB L2Regularization")
     ap.add_argument("--schedule", choices=["piecewise", "onecycle", "cosine", "constant"], default="piecewise")
-    ap.add_argument("--drop-period", type=int, default=50, help="piecewise: epochs between drops")
+    ap.add_argument("--drop-period", type=int, default=50, help="piecewise: epochs between drops (0: at 5/6 of them)")
     ap.add_argument("--drop-factor", type=float, default=0.1, help="piecewise: factor at each drop")
     ap.add_argument("--label-smoothing", type=float, default=0.0)
     ap.add_argument("--widths", default="32,64,128")
@@ -179,24 +182,49 @@ def _throughputs(args, me: Rank, model, loader) -> dict:
     return found
 
 
-def _model_and_optimizer(args, me: Rank, n_classes: int, steps_per_epoch: int):
-    """Identical initial weights on every rank, wrapped in DDP; SGD at the linearly scaled rate; its schedule."""
+def _model(args, me: Rank, n_classes: int):
+    """Identical initial weights on every rank (the same seed), channels-last if asked, wrapped in DDP."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from .models import ConvBlockNet
-    from .schedules import make_scheduler
 
-    torch.manual_seed(args.seed)  # identical initial weights on every rank
+    torch.manual_seed(args.seed)
     widths = tuple(int(w) for w in args.widths.split(","))
     model = ConvBlockNet(widths, args.depth, n_classes=n_classes, batch_norm=not args.no_bn).to(me.device)
     if args.channels_last:
         model = model.to(memory_format=torch.channels_last)
     net = DDP(model, device_ids=[me.local_rank] if me.device.type == "cuda" else None) if me.use_pg else model
+    return model, net
+
+
+def _optimizer(args, me: Rank, net, steps_per_epoch: int):
+    """SGD at the linearly scaled learning rate, and its schedule (``helpers.schedules.make_scheduler``)."""
+    from .schedules import make_scheduler
+
     lr = args.base_lr * args.batch_size * me.world / REFERENCE_BATCH  # the linear scaling rule
     opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=args.momentum, weight_decay=args.weight_decay)
     sched, step_on = make_scheduler(args.schedule, opt, epochs=args.epochs, steps_per_epoch=steps_per_epoch,
-                                    drop_period=args.drop_period, drop_factor=args.drop_factor)
-    return model, net, opt, sched, step_on
+                                    drop_period=args.drop_period or None, drop_factor=args.drop_factor)
+    return opt, sched, step_on
+
+
+def _budget_epochs(args, me: Rank, speeds: dict, train_images: int) -> int:
+    """``--budget-min``: the epochs that fit, from rank 0's measured model speed; every rank gets the same number."""
+    import torch.distributed as dist
+
+    if not args.budget_min:
+        return args.epochs
+    epochs = 0
+    if me.rank == 0:
+        ips = speeds["model_images_per_s"]
+        per_epoch = train_images / me.world / ips + (0 if args.no_val else (args.val_limit or 10000) / (3 * ips))
+        epochs = max(1, int(args.budget_min * 60 * BUDGET_SAFETY / per_epoch))
+        me.log(f"time budget {args.budget_min:g} min: about {per_epoch:.0f} s per epoch → {epochs} epochs")
+    if me.use_pg:
+        count = torch.tensor([epochs], device=me.device if me.backend == "nccl" else "cpu")
+        dist.broadcast(count, src=0)
+        epochs = int(count.item())
+    return epochs
 
 
 def _step_hook(args, me: Rank, steps_per_epoch: int):
@@ -249,8 +277,10 @@ def setup(args, me: Rank) -> SimpleNamespace:
 
     train_set, test_set = _load_sets(args)
     loader, val_loader, test_loader = _loaders(args, me, train_set, test_set)
-    model, net, opt, sched, step_on = _model_and_optimizer(args, me, len(train_set.classes), len(loader))
+    model, net = _model(args, me, len(train_set.classes))
     speeds = _throughputs(args, me, model, loader)
+    args.epochs = _budget_epochs(args, me, speeds, len(loader.dataset))
+    opt, sched, step_on = _optimizer(args, me, net, len(loader))
     # After the identical initial weights, each rank gets its own random stream: per-image transforms on the CPU
     # draw from it (the DeviceLoader seeds its own generator per rank), so ranks never augment alike.
     seed_everything(args.seed + 1 + me.rank)

@@ -147,3 +147,27 @@ def test_every_rank_draws_different_augmentation(loader):
         ones.append(next(iter(run.loader))[0])
     assert not torch.equal(ones[0], ones[1])
     assert run.speeds == {}, "only rank 0 measures the throughputs"
+
+
+def test_budget_chooses_epochs_from_the_measured_speed(capsys):
+    from helpers import distributed
+
+    args = distributed._parse(["--synthetic", "64", "--budget-min", "10", "--val-limit", "3000"])
+    me = distributed.Rank(0, 0, 2, torch.device("cpu"), "gloo", use_pg=False)
+    # 50,000 images over 2 ranks at 1,000 images/s: 25 s per epoch + 1 s validating 3,000 images
+    assert distributed._budget_epochs(args, me, {"model_images_per_s": 1000.0}, 50000) == int(600 * 0.9 / 26)
+    assert "→ 20 epochs" in capsys.readouterr().out
+    args.budget_min = 0
+    assert distributed._budget_epochs(args, me, {}, 50000) == args.epochs
+
+
+def test_budget_run_end_to_end(tmp_path):
+    """A budgeted run measures its speed, picks its epochs, trains them, and records both throughputs."""
+    import json
+
+    out = tmp_path / "r.json"
+    launch(1, ["--synthetic", "200", "--widths", "8,8,8", "--depth", "1", "--batch-size", "50", "--budget-min", "0.1",
+               "--schedule", "piecewise", "--drop-period", "0", "--out", out], torchrun=False, echo=False, timeout=240)
+    rec = json.loads(out.read_text())
+    assert rec["epochs"] >= 1 and len(rec["history"]["epochs"]) == rec["epochs"]
+    assert rec["input_images_per_s"] > 0 and rec["model_images_per_s"] > 0 and "input_bound" in rec
