@@ -33,6 +33,24 @@ def loader_workers(cap: int = 8) -> int:
     return max(0, min(cap, usable_cpus() - 1))
 
 
+def cpu_flags() -> set:
+    """The CPU's feature flags (Linux ``/proc/cpuinfo``; empty elsewhere)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def cpu_bf16_native() -> bool:
+    """True when the CPU has bf16 instructions (AVX-512 BF16 or AMX); without them bf16 is emulated and slower than
+    fp32 (notebooks 05, 06). On Apple silicon and other non-Linux systems: unknown, so False."""
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+
+
 def _mps_available() -> bool:
     mps = getattr(torch.backends, "mps", None)
     return bool(mps is not None and mps.is_available())

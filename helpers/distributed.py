@@ -246,7 +246,7 @@ def _step_hook(args, me: Rank, steps_per_epoch: int):
 def _report(args, me: Rank, model, history, train_images: int, source: str, lr: float, test_loader,
             speeds: dict) -> None:
     """Rank 0: log the epochs, test once, write the results JSON and the final parameters."""
-    from .training import evaluate
+    from .training import evaluate, resolve_amp
 
     for e in history.epochs:
         val = f", validation accuracy {e['val_accuracy']:.4f}" if "val_accuracy" in e else ""
@@ -264,7 +264,8 @@ def _report(args, me: Rank, model, history, train_images: int, source: str, lr: 
               "train_images": train_images, "source": source,
               "epoch_seconds": [e["seconds"] for e in history.epochs],
               "images_per_s": [train_images / e["seconds"] for e in history.epochs],
-              "test_accuracy": accuracy, "history": history.state_dict(), "args": vars(args), **speeds}
+              "test_accuracy": accuracy, "history": history.state_dict(), "args": vars(args),
+              "autocast": str(resolve_amp(args.amp, me.device)), **speeds}
     if args.out:
         atomic_write_text(Path(args.out), json.dumps(record, indent=1) + "\n")
     if args.params_out:
@@ -290,14 +291,17 @@ def setup(args, me: Rank) -> SimpleNamespace:
 
 def train(args, me: Rank) -> None:
     """Train ConvBlockNet with DDP on this rank: data slice, replica, fit, and rank 0's report."""
-    from .training import fit
+    from .training import fit, resolve_amp
 
     r = setup(args, me)
     lr = r.opt.param_groups[0]["lr"]
     how = f"world size {me.world} ({me.backend} on {me.device.type})" if me.use_pg else \
         f"one process on {me.device.type}, no DDP"
+    autocast = resolve_amp(args.amp, me.device)
     me.log(f"{how}, {len(r.loader.dataset)} training images from {r.train_set.source}, batch {args.batch_size} per "
-           f"rank = {args.batch_size * me.world} global, lr {lr:.4g} ({args.schedule}), {len(r.loader)} steps per epoch")
+           f"rank = {args.batch_size * me.world} global, lr {lr:.4g} ({args.schedule}), {len(r.loader)} steps per epoch, "
+           f"autocast {str(autocast).replace('torch.', '') if autocast else 'off (fp32)'}"
+           + (" — this CPU has no bf16 instructions, so --amp leaves fp32 on" if args.amp and not autocast else ""))
     history = fit(r.net, r.loader, epochs=args.epochs, optimizer=r.opt, device=me.device, val_loader=r.val_loader,
                   loss_fn=torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing), scheduler=r.sched,
                   scheduler_step=r.step_on, amp=args.amp, checkpoint=args.checkpoint,

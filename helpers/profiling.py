@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
-from torch.utils.checkpoint import checkpoint_sequential
+from torch.utils.checkpoint import checkpoint
 
 from .devices import synchronize
 
@@ -57,11 +57,11 @@ def phase(name: str, device: torch.device, times: dict):
 
     The synchronisation makes the host-side range cover the device's work for the phase (notebook 09).
     """
-    t0 = time.perf_counter()
     with record_function(PHASE_PREFIX + name):
+        t0 = time.perf_counter()
         yield
         synchronize(device)
-    times[name] = (time.perf_counter() - t0) * 1e3
+        times[name] = (time.perf_counter() - t0) * 1e3
 
 
 def annotated_step(model: nn.Module, optimizer, batches, device: torch.device, loss_fn=None) -> dict:
@@ -446,21 +446,44 @@ def find_max_batch(measure: Callable[[int], float], *, start: int = 8, cap: int 
 
 # ---------------------------------------------------------------- activation checkpointing
 
+def checkpoint_segments(features: nn.Sequential, segments: int) -> list:
+    """Split a stack of layers into ``segments`` runs of whole layers, cutting only after a ReLU or a pooling layer.
+
+    A segment must not begin with an in-place ReLU: it would overwrite the segment's input, which is exactly what
+    checkpointing saves for the recomputation (autograd then stops with "modified by an inplace operation";
+    ``checkpoint_sequential`` cuts at equal counts of layers and can do that) (notebook 09).
+    """
+    units, current = [], []
+    for layer in features:
+        current.append(layer)
+        if isinstance(layer, (nn.ReLU, nn.MaxPool2d, nn.AvgPool2d)):
+            units.append(current)
+            current = []
+    units += [current] if current else []
+    segments = max(1, min(segments, len(units)))
+    bounds = [round(i * len(units) / segments) for i in range(segments + 1)]
+    return [nn.Sequential(*[layer for unit in units[a:b] for layer in unit]) for a, b in zip(bounds, bounds[1:])]
+
+
 class Checkpointed(nn.Module):
     """A ``ConvBlockNet``-shaped model whose ``features`` run under activation checkpointing (notebook 09).
 
-    ``checkpoint_sequential`` keeps only the inputs of ``segments`` segments during the forward pass and
-    recomputes each segment's activations in the backward pass: less memory, one more forward's worth of time.
-    The recomputation runs BatchNorm layers again, so their running statistics are updated twice per step.
+    ``torch.utils.checkpoint.checkpoint`` keeps only each segment's input during the forward pass and recomputes
+    the segment's activations in the backward pass: less memory, up to one more forward pass of time. The last
+    segment is not checkpointed (its activations are needed at once). The recomputation runs BatchNorm layers
+    again, so their running statistics are updated twice per step.
     """
 
     def __init__(self, model: nn.Module, segments: int):
         super().__init__()
         self.model, self.segments = model, segments
+        self._chunks = checkpoint_segments(model.features, segments)  # a plain list: the layers stay model's
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training and torch.is_grad_enabled():
-            features = checkpoint_sequential(self.model.features, self.segments, x, use_reentrant=False)
+            for chunk in self._chunks[:-1]:
+                x = checkpoint(chunk, x, use_reentrant=False)
+            features = self._chunks[-1](x)
         else:
             features = self.model.features(x)
         return self.model.head(features.mean(dim=(2, 3)))

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .devices import pick_device
+from .devices import cpu_bf16_native, pick_device
 from .results import atomic_write
 
 CHECKPOINT_FORMAT = "helpers.training/1"
@@ -47,13 +47,20 @@ def cuda_bf16_native(device=None) -> bool:
 
 
 def resolve_amp(amp, device: torch.device) -> torch.dtype | None:
-    """Map ``False | True | "auto" | "bf16" | "fp16"`` to the autocast dtype for ``device`` (notebook 06)."""
+    """Map ``False | True | "auto" | "bf16" | "fp16"`` to the autocast dtype for ``device`` (notebook 06).
+
+    ``True``/``"auto"`` pick what the hardware runs natively: bf16 on recent NVIDIA GPUs, else fp16; fp16 on Apple
+    GPUs; bf16 on CPUs with bf16 instructions and *no* autocast on other CPUs (emulated bf16 is slower than fp32).
+    ``"bf16"``/``"fp16"`` are taken as asked.
+    """
     if amp is None or amp is False:
         return None
     if amp is True or amp == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if cuda_bf16_native(device) else torch.float16
-        return torch.float16 if device.type == "mps" else torch.bfloat16
+        if device.type == "mps":
+            return torch.float16
+        return torch.bfloat16 if cpu_bf16_native() else None  # emulated bf16 is slower than fp32: no autocast
     names = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
     if isinstance(amp, torch.dtype) and amp in names.values():
         return amp

@@ -155,7 +155,7 @@ def test_profiled_phases_sum_to_the_step_and_agree_with_the_clock(tmp_path):
     assert phases.step_ms == pytest.approx(clock_step, rel=0.15, abs=2.0), "the trace's µs become ms correctly"
     for name in profiling.PHASES:
         clock = statistics.fmean(s[name] for s in run.clock_ms)
-        assert phases.phase_ms[name] == pytest.approx(clock, rel=0.1, abs=0.5), name
+        assert phases.phase_ms[name] == pytest.approx(clock, rel=0.1, abs=1.0), (name, phases.phase_ms, run.clock_ms)
     assert 0 < phases.busy_ms <= phases.phase_ms["forward"] + phases.phase_ms["backward"] + phases.phase_ms["optimizer"]
     assert run.profiler.key_averages().table(row_limit=3)
 
@@ -199,6 +199,17 @@ def test_checkpointed_model_computes_the_same_gradients():
     ckpt(x).square().sum().backward()
     for a, b in zip(plain.parameters(), ckpt.model.parameters()):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_checkpoint_segments_never_start_with_an_in_place_relu():
+    """Regression: equal-count cuts put an in-place ReLU first in a segment (depth 4, 6 segments) and backward failed."""
+    net = ConvBlockNet(widths=(4, 8, 8), depth=4)
+    chunks = profiling.checkpoint_segments(net.features, 6)
+    assert len(chunks) == 6 and sum(len(c) for c in chunks) == len(net.features)
+    assert [layer for c in chunks for layer in c] == list(net.features), "same layers, same order"
+    assert not any(isinstance(c[0], nn.ReLU) for c in chunks)
+    profiling.Checkpointed(net, 6)(torch.randn(2, 3, 16, 16)).sum().backward()
+    assert all(p.grad is not None for p in net.parameters())
 
 
 def test_checkpointing_lowers_measured_peak_memory():

@@ -60,7 +60,17 @@ def test_bad_scheduler_step_and_amp_names():
             scheduler_step="iteration", progress=False)
     with pytest.raises(ValueError, match="amp="):
         resolve_amp("fp8", torch.device("cpu"))
+    assert resolve_amp("bf16", torch.device("cpu")) is torch.bfloat16
+
+
+def test_auto_amp_on_a_cpu_only_with_bf16_instructions(monkeypatch):
+    from helpers import devices
+
+    monkeypatch.setattr(devices, "cpu_flags", lambda: {"avx2", "avx512f", "avx512_bf16"})
     assert resolve_amp(True, torch.device("cpu")) is torch.bfloat16
+    monkeypatch.setattr(devices, "cpu_flags", lambda: {"avx2", "fma"})  # bf16 would be emulated: slower than fp32
+    assert resolve_amp("auto", torch.device("cpu")) is None
+    assert resolve_amp("bf16", torch.device("cpu")) is torch.bfloat16, "asked for explicitly, it is used"
     assert resolve_amp(False, torch.device("cpu")) is None
 
 
