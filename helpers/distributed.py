@@ -197,11 +197,16 @@ def _model(args, me: Rank, n_classes: int):
     return model, net
 
 
+def scaled_lr(args, me: Rank) -> float:
+    """The linear scaling rule: ``--base-lr`` for a global batch of 256, scaled with the real global batch."""
+    return args.base_lr * args.batch_size * me.world / REFERENCE_BATCH
+
+
 def _optimizer(args, me: Rank, net, steps_per_epoch: int):
     """SGD at the linearly scaled learning rate, and its schedule (``helpers.schedules.make_scheduler``)."""
     from .schedules import make_scheduler
 
-    lr = args.base_lr * args.batch_size * me.world / REFERENCE_BATCH  # the linear scaling rule
+    lr = scaled_lr(args, me)
     opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=args.momentum, weight_decay=args.weight_decay)
     sched, step_on = make_scheduler(args.schedule, opt, epochs=args.epochs, steps_per_epoch=steps_per_epoch,
                                     drop_period=args.drop_period or None, drop_factor=args.drop_factor)
@@ -294,7 +299,7 @@ def train(args, me: Rank) -> None:
     from .training import fit, resolve_amp
 
     r = setup(args, me)
-    lr = r.opt.param_groups[0]["lr"]
+    lr = scaled_lr(args, me)  # the peak rate (a OneCycle schedule starts below it)
     how = f"world size {me.world} ({me.backend} on {me.device.type})" if me.use_pg else \
         f"one process on {me.device.type}, no DDP"
     autocast = resolve_amp(args.amp, me.device)

@@ -53,7 +53,8 @@ def check_world_size(nproc: int, device: str) -> None:
                              "device='cpu' to run the workers as CPU processes (gloo)")
 
 
-def _torchrun(nproc: int, args: list, *, nnodes: int = 1, rdzv: str | None = None, max_restarts: int = 0) -> list:
+def _torchrun(nproc: int, args: list, *, nnodes: int = 1, rdzv: str | None = None, max_restarts: int = 0,
+              module: str = ENTRY_POINT) -> list:
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}"]
     if nnodes == 1 and rdzv is None:
         cmd.append("--standalone")
@@ -61,7 +62,7 @@ def _torchrun(nproc: int, args: list, *, nnodes: int = 1, rdzv: str | None = Non
         cmd += [f"--nnodes={nnodes}", "--rdzv_backend=c10d", f"--rdzv_endpoint={rdzv}", "--rdzv_id=course"]
     if max_restarts:
         cmd.append(f"--max-restarts={max_restarts}")
-    return cmd + ["-m", ENTRY_POINT, *map(str, args)]
+    return cmd + ["-m", module, *map(str, args)]
 
 
 class _Supervisor:
@@ -179,10 +180,11 @@ def gpu_slices(nnodes: int, nproc_per_node: int) -> list:
 
 
 def launch(nproc: int, args: list, *, device: str = "cpu", timeout: float = 900, echo: bool = True,
-           max_restarts: int = 0, torchrun: bool = True) -> RunResult:
+           max_restarts: int = 0, torchrun: bool = True, module: str = ENTRY_POINT) -> RunResult:
     """Start ``torchrun --nproc_per_node=nproc -m helpers.distributed ARGS`` and stream its output (notebook 05).
 
-    ``torchrun=False`` runs one plain process (``python -m helpers.distributed``, no DDP) as the baseline.
+    ``torchrun=False`` runs one plain process (``python -m helpers.distributed``, no DDP) as the baseline;
+    ``module`` names another per-rank program (``helpers.sharding``, notebook 09).
     Raises ``ValueError`` for more GPU workers than GPUs, ``RuntimeError`` with the last lines of the log if a
     rank fails (torchrun then stops the others), ``TimeoutError`` if it runs past ``timeout`` seconds.
     """
@@ -192,9 +194,9 @@ def launch(nproc: int, args: list, *, device: str = "cpu", timeout: float = 900,
     if not torchrun:
         if nproc != 1:
             raise ValueError("a plain process (torchrun=False) is one process: pass nproc=1")
-        cmd = [sys.executable, "-m", ENTRY_POINT, *args]
+        cmd = [sys.executable, "-m", module, *args]
     else:
-        cmd = _torchrun(nproc, args, max_restarts=max_restarts)
+        cmd = _torchrun(nproc, args, max_restarts=max_restarts, module=module)
     return _run([cmd], timeout=timeout, echo=echo, envs=[_env(nproc)], prefixes=[""])
 
 

@@ -143,12 +143,9 @@ def compare(nproc: int, out: str | Path, *, device: str = "cpu", width: int = 10
     """Launch ``torchrun -m helpers.sharding`` on ``nproc`` ranks and return rank 0's JSON record (notebook 09)."""
     from . import launcher
 
-    launcher.check_world_size(nproc, device)
-    dev_type = "cuda" if device.startswith("cuda") else "cpu"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", ENTRY_POINT, "--device", dev_type, "--width", str(width), "--layers", str(layers),
-           "--batch-size", str(batch_size), "--steps", str(steps), "--out", str(Path(out).resolve())]
-    launcher._run([cmd], timeout=timeout, echo=echo, envs=[launcher._env(nproc)], prefixes=[""])
+    launcher.launch(nproc, ["--width", width, "--layers", layers, "--batch-size", batch_size, "--steps", steps,
+                            "--out", Path(out).resolve()], device=device, timeout=timeout, echo=echo,
+                    module=ENTRY_POINT)
     return json.loads(Path(out).read_text())
 
 

@@ -1,0 +1,21 @@
+"""Solutions of the exercises in notebooks/01_categorical_labels_on_the_gpu.ipynb, shown there with helpers.course.solution.
+
+Each section runs in the notebook's namespace after the cells above it and ends with the exercise's check.
+"""
+
+# %% exercise 1
+try:
+    encoder.encode(["3", "10"])
+except UnseenLabelError as err:
+    message = str(err)
+check(message, test=lambda m: "'10'" in m and "'1'" in m);
+
+
+# %% exercise 2
+seed_everything(seed)
+lstm = SequenceClassifier(12, len(encoder), hidden=hidden, bidirectional=False)
+fit(lstm, train_loader, epochs=epochs, optimizer=torch.optim.Adam(lstm.parameters(), lr=0.01), device=dev,
+    host_inputs=(1,), grad_clip=1.0, progress=False)
+lstm_accuracy = evaluate(lstm, test_loader, dev, host_inputs=(1,))["accuracy"]
+check(lstm_accuracy, test=lambda a: 0.0 <= a <= 1.0)
+print(f"LSTM: {lstm_accuracy:.4f}, BiLSTM: {test_accuracy:.4f}")

@@ -1,0 +1,15 @@
+"""Solutions of the exercises in notebooks/08_compute_memory_overhead.ipynb, shown there with helpers.course.solution.
+
+Each section runs in the notebook's namespace after the cells above it and ends with the exercise's check.
+"""
+
+# %% exercise 1
+if "error" not in first and first["break_even_steps"] is not None:
+    steps = first["compile_seconds"] / ((first["eager_ms"] - first["compiled_ms"]) / 1e3)
+    check(steps, first["break_even_steps"], rel_tol=0.01);
+
+
+# %% exercise 2
+relu_intensity = 1 / (4 + 4)
+check(relu_intensity, 1 / 8, rel_tol=1e-9)
+print(f"{relu_intensity} FLOP/byte, far below the ridge point of {ridge:.1f}: memory-bound")
