@@ -394,7 +394,7 @@ class _Loop:
 
 def _start_epoch(loader, epoch: int, skip: int, resume_rng: tuple | None):
     """Set the samplers' epoch and, when resuming, replay the skipped batches under the saved RNG state."""
-    for holder in (getattr(loader, "batch_sampler", None), getattr(loader, "sampler", None)):
+    for holder in (loader, getattr(loader, "batch_sampler", None), getattr(loader, "sampler", None)):
         if hasattr(holder, "set_epoch"):
             holder.set_epoch(epoch)
     if resume_rng is not None:

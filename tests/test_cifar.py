@@ -152,3 +152,16 @@ def test_device_loader_trains_with_fit():
     hist = fit(model, DeviceLoader(data, 50, augment=False), epochs=4, device="cpu", progress=False,
                optimizer=torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
     assert hist.epochs[-1]["train_accuracy"] > 0.5, hist.epochs[-1]
+
+
+def test_fit_gives_a_device_loader_a_new_epoch_each_time(monkeypatch):
+    from helpers.cifar10 import DeviceLoader, synthetic_images
+    from helpers.training import fit
+
+    seen = []
+    dl = DeviceLoader(synthetic_images(40), 20)
+    real = dl.set_epoch
+    monkeypatch.setattr(dl, "set_epoch", lambda e: seen.append(e) or real(e))
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 10))
+    fit(model, dl, epochs=3, optimizer=torch.optim.SGD(model.parameters(), lr=0.01), device="cpu", progress=False)
+    assert seen == [0, 1, 2], "without set_epoch every epoch would repeat the same order and augmentation"
