@@ -72,6 +72,12 @@ def _env():
     return env
 
 
+def _gpu_check(node, out, *settings, timeout=900):
+    """``make gpu-check`` with the node stand-in's Python, this test wheelhouse and ``settings`` (NAME=value)."""
+    return subprocess.run(["make", "-s", "gpu-check", f"PYTHON={node}", f"OUT={out}", f"WHEELHOUSE={WHEELHOUSE}",
+                           *settings], cwd=ROOT, capture_output=True, text=True, env=_env(), timeout=timeout)
+
+
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
     _wheelhouse()
@@ -87,9 +93,7 @@ def test_node_stand_in_has_torch_and_no_notebook_tools(node):
 
 
 def test_gpu_check_refuses_without_a_gpu_in_one_line(node, tmp_path):
-    run = subprocess.run(["make", "-s", "gpu-check", f"PYTHON={node}", f"OUT={tmp_path / 'out'}",
-                          f"WHEELHOUSE={WHEELHOUSE}"], cwd=ROOT, capture_output=True, text=True, env=_env(),
-                         timeout=300)
+    run = _gpu_check(node, tmp_path / "out", timeout=300)
     assert run.returncode != 0
     lines = [ln for ln in run.stderr.splitlines() if ln.startswith("gpu-check:")]
     assert len(lines) == 1 and "no usable CUDA GPU" in lines[0], run.stderr[-2000:]
@@ -98,9 +102,7 @@ def test_gpu_check_refuses_without_a_gpu_in_one_line(node, tmp_path):
 
 def test_gpu_check_installs_tools_from_wheelhouse_and_runs_a_notebook(node, tmp_path):
     out = tmp_path / "out"
-    run = subprocess.run(["make", "-s", "gpu-check", f"PYTHON={node}", f"OUT={out}", f"WHEELHOUSE={WHEELHOUSE}",
-                          "DEVICE=cpu", "ALLOW_CPU=1", "QUICK=1", "ONLY=00", "BENCH=0"], cwd=ROOT,
-                         capture_output=True, text=True, env=_env(), timeout=900)
+    run = _gpu_check(node, out, "DEVICE=cpu", "ALLOW_CPU=1", "QUICK=1", "ONLY=00", "BENCH=0")
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     assert "papermill" in run.stdout and "[1/1] 00_getting_started.ipynb ... done" in run.stdout
     rec = (out / "results" / "00_getting_started.json").read_text()
@@ -113,9 +115,7 @@ def test_gpu_check_installs_tools_from_wheelhouse_and_runs_a_notebook(node, tmp_
 
 def test_gpu_check_skips_cifar_lessons_without_cifar(node, tmp_path):
     out = tmp_path / "out"
-    run = subprocess.run(["make", "-s", "gpu-check", f"PYTHON={node}", f"OUT={out}", f"WHEELHOUSE={WHEELHOUSE}",
-                          "DEVICE=cpu", "ALLOW_CPU=1", "QUICK=1", "ONLY=05", "BENCH=0"], cwd=ROOT,
-                         capture_output=True, text=True, env=_env(), timeout=300)
+    run = _gpu_check(node, out, "DEVICE=cpu", "ALLOW_CPU=1", "QUICK=1", "ONLY=05", "BENCH=0", timeout=300)
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     assert "05_multi_gpu_training.ipynb: skipped: it needs CIFAR-10" in run.stdout
     shutil.rmtree(out, ignore_errors=True)

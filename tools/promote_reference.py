@@ -2,8 +2,9 @@
 
     python tools/promote_reference.py OUT/results [--force]
 
-Only full-mode results are promoted (quick-mode figures are not references). Each file keeps the hardware,
-driver and torch version it was measured with; commit the new folder with a message naming the machine.
+Only full-mode results measured on a GPU are promoted (quick-mode figures and CPU runs are not references).
+Each file keeps the hardware, driver and torch version it was measured with; commit the new folder with a message
+naming the machine.
 """
 import argparse
 import shutil
@@ -28,6 +29,9 @@ def main(argv=None) -> int:
         rec = load_results(path)
         if rec["quick"]:
             print(f"skipped {path.name}: quick mode")
+            continue
+        if not str(rec["device"]).startswith(("cuda", "mps")) or not rec["hardware"].get("gpus", rec["device"] == "mps"):
+            print(f"refused {path.name}: measured on {rec['device']!r}, not a GPU (references are GPU results)")
             continue
         target = reference_dir() / rec["hardware"]["name"] / path.name
         if target.exists() and not args.force:
