@@ -15,13 +15,15 @@ ALLOW_CPU  ?=
 BENCH      ?= 1
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: help venv run test lab bench gpu-check wheelhouse clean
+.PHONY: help venv site-venv run test lab bench site check instructors gpu-check wheelhouse clean
 
 help:
 	@echo "make run    execute every notebook (QUICK=1 for quick mode, DEVICE=cpu|cuda|mps) into build/"
 	@echo "make test   unit tests of helpers, nbval over the notebooks, papermill runs (CPU, quick)"
 	@echo "make lab    open JupyterLab on notebooks/"
 	@echo "make bench  run the benchmark scripts in benchmarks/"
+	@echo "make site   the executed course as a static website in build/site/ (QUICK=1: run stale notebooks quick)"
+	@echo "make check  pre-flight check of this machine for a workshop (writes build/preflight.md)"
 	@echo "make wheelhouse  download the notebook tools as wheels for an offline GPU node (PY=3.12)"
 	@echo "make gpu-check OUT=dir [PYTHON=python3 CIFAR10=dir|tar.gz BUDGET_MIN=8]  the course on a GPU node"
 
@@ -34,11 +36,26 @@ $(VENV)/.installed: pyproject.toml
 	@$(PY) -c "import torch, torchvision, helpers, nbval, papermill" || { echo "install failed: see the pip output above"; exit 1; }
 	@touch $@
 
+# The site generator and the browser-test driver: an extra that `make run` does not need.
+site-venv: $(VENV)/.site-installed
+
+$(VENV)/.site-installed: $(VENV)/.installed
+	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev,site]" 2>&1 | grep -v "^WARNING: Location" || true
+	@$(PY) -c "import sphinx, myst_nb, playwright" || { echo "install of the site extra failed: see above"; exit 1; }
+	@touch $@
+
 run: venv
 	$(PY) tools/run_course.py --device $(DEVICE) $(if $(filter 1 true True yes,$(QUICK)),--quick,) $(if $(ONLY),--only $(ONLY),)
 
-test: venv
+test: site-venv
 	$(PY) -m pytest
+
+site: site-venv
+	$(PY) tools/build_site.py --device $(DEVICE) $(if $(filter 1 true True yes,$(QUICK)),--quick,) \
+		$(if $(ONLY),--only $(ONLY),)
+
+check: venv
+	$(PY) tools/preflight.py
 
 lab: venv
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(ROOT_FLAG)

@@ -32,7 +32,64 @@ def pytest_configure(config):
     os.environ["COURSE_DEVICE"] = "cpu"
     os.environ["COURSE_RUN_SOLUTIONS"] = "1"  # solution cells only show their code to a learner; CI runs them
     os.environ["COURSE_RESULTS_DIR"] = str(ROOT / "build" / "test-results")
-    os.environ.setdefault("MPLBACKEND", "Agg")
+    import matplotlib
+
+    matplotlib.use("Agg")  # this process only: the notebooks' kernels keep their inline figures (the site shows them)
     tree = extract_cifar10()
     if tree is not None:
         os.environ.setdefault("COURSE_CIFAR10_DIR", str(tree))
+
+
+# nbval executes every notebook once; the cells' outputs are kept and each notebook is written, executed, to
+# build/test-executed/ when its last cell has run, so the site test builds from this run instead of a second one.
+EXECUTED_DIR = ROOT / "build" / "test-executed"
+_executed: dict = {}
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Browser tests (marked ``browser``) run last: the site test reads the notebooks nbval executed."""
+    items.sort(key=lambda item: item.get_closest_marker("browser") is not None)
+
+
+def pytest_runtest_teardown(item, nextitem):
+    cell = getattr(item, "cell", None)
+    if cell is None or not hasattr(item, "test_outputs"):
+        return
+    path = Path(str(item.parent.fspath))
+    _executed.setdefault(path, {})[id(cell)] = item.test_outputs or []
+    if nextitem is None or getattr(nextitem, "parent", None) is not item.parent:
+        _write_executed(path, item.parent.nb, _executed.pop(path))
+
+
+def _write_executed(path: Path, nb, outputs: dict) -> None:
+    import copy
+
+    import nbformat
+
+    from helpers.results import atomic_write_text
+
+    done = copy.deepcopy(nb)
+    count = 0
+    for original, cell in zip(nb.cells, done.cells):
+        if cell.cell_type != "code":
+            continue
+        count += 1
+        cell.execution_count = count
+        cell.outputs = [_as_output(o, count) for o in outputs.get(id(original), [])]
+    done.metadata["course_run"] = {"runner": "nbval (make test)", "quick": True, "device": "cpu"}
+    EXECUTED_DIR.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(EXECUTED_DIR / path.name, nbformat.writes(done))
+
+
+def _as_output(out, count: int):
+    import nbformat
+
+    kind = out.get("output_type")
+    if kind == "stream":
+        return nbformat.v4.new_output("stream", name=out["name"], text=out["text"])
+    if kind == "error":
+        return nbformat.v4.new_output("error", ename=out["ename"], evalue=out["evalue"], traceback=out["traceback"])
+    data, meta = dict(out.get("data", {})), dict(out.get("metadata", {}))
+    if kind == "execute_result":
+        return nbformat.v4.new_output("execute_result", data=data, metadata=meta, execution_count=count)
+    return nbformat.v4.new_output("display_data", data=data, metadata=meta)

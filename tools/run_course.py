@@ -48,6 +48,22 @@ def failing_cell(executed: Path) -> str:
     return "a cell"
 
 
+def write_times(path: Path, seconds: dict, hw: dict, quick: bool) -> None:
+    """The notebooks' wall-clock seconds with the machine and mode (tools/course_times.py --record reads it)."""
+    import datetime
+    import json
+
+    from helpers.devices import cpu_bf16_native
+    from helpers.results import atomic_write_text
+
+    gpus = [g["name"] for g in hw["gpus"]]
+    machine = (f"{len(gpus)}x {gpus[0]}" if gpus else
+               f"{hw['cpu_cores']}-core {hw['cpu']} {'with' if cpu_bf16_native() else 'without'} bf16")
+    atomic_write_text(path, json.dumps({"machine": machine, "gpu": bool(gpus), "quick": quick,
+                                        "date": datetime.date.today().isoformat(),
+                                        "notebooks": {k: round(v, 1) for k, v in seconds.items()}}, indent=1))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="quick mode: small sizes, few epochs")
@@ -81,7 +97,7 @@ def main(argv=None) -> int:
     mode = "quick" if args.quick else "full"
     print(f"Running {len(todo)} notebook(s) in {mode} mode on device={args.device} ({hw['cpu']}; {gpus})", flush=True)
     start = time.perf_counter()
-    failed = []
+    failed, seconds = [], {}
     for i, nb in enumerate(todo, 1):
         target = out / "notebooks" / nb.name
         (results / f"{nb.stem}.json").unlink(missing_ok=True)
@@ -102,7 +118,9 @@ def main(argv=None) -> int:
             if not args.keep_going:
                 return 1
             continue
-        print(f"done in {time.perf_counter() - t0:.0f} s", flush=True)
+        seconds[nb.stem] = time.perf_counter() - t0
+        print(f"done in {seconds[nb.stem]:.0f} s", flush=True)
+    write_times(out / "times.json", seconds, hw, args.quick)
     report = write_report(results, out / "report.md")
     if failed:
         print(f"{len(failed)} of {len(todo)} notebook(s) failed: {', '.join(failed)}; report of the others: {report}")

@@ -1,0 +1,260 @@
+"""The executed course in a real browser: every page of `make site`, and one notebook run in JupyterLab's UI.
+
+Both drive Debian's Chromium (/usr/bin/chromium) with Playwright's Python package, which never downloads a
+browser of its own. They run after nbval (the `browser` marker: conftest.py orders them last) and build the site
+from the notebooks nbval just executed (build/test-executed/). Without Chromium they skip with one line on a
+learner's machine; `.ci/run` sets COURSE_REQUIRE_BROWSER=1, and there a missing browser is a failure.
+"""
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from urllib.parse import urljoin, urlparse
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXECUTED = ROOT / "build" / "test-executed"
+RESULTS = ROOT / "build" / "test-results"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
+                 "--disable-background-networking", "--disable-component-update"]
+pytestmark = pytest.mark.browser
+
+
+def _missing(reason: str):
+    if os.environ.get("COURSE_REQUIRE_BROWSER") == "1":
+        pytest.fail(f"{reason} (COURSE_REQUIRE_BROWSER=1: CI must run the browser tests)")
+    pytest.skip(f"{reason}: install Debian's chromium and `pip install -e .[site]` to run the browser tests")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        _missing("no Chromium on this machine")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _missing("the playwright package is not installed")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+class Page:
+    """A browser page that records console errors and refuses (and records) every request off this machine."""
+
+    def __init__(self, browser, offline: bool = True, **context):
+        self.context = browser.new_context(viewport={"width": 1280, "height": 900}, **context)
+        self.page = self.context.new_page()
+        self.errors, self.external = [], []
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        if offline:
+            self.page.route("**/*", self._route)
+
+    def _route(self, route):
+        host = urlparse(route.request.url).hostname
+        if host in ("127.0.0.1", "localhost") or route.request.url.startswith("data:"):
+            route.continue_()
+        else:
+            self.external.append(route.request.url)
+            route.abort()
+
+    def close(self):
+        self.context.close()
+
+
+def _serve(folder: Path):
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
+    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/"
+
+
+def _executed_notebooks() -> tuple[Path, Path]:
+    """The notebooks nbval executed in this run; run any missing ones (when this file runs alone)."""
+    sources = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    fresh = all((EXECUTED / nb.name).exists() and (EXECUTED / nb.name).stat().st_mtime >= nb.stat().st_mtime
+                for nb in sources)
+    if fresh:
+        return EXECUTED, RESULTS
+    out = ROOT / "build" / "site-test-run"
+    subprocess.run([sys.executable, str(ROOT / "tools" / "run_course.py"), "--quick", "--device", "cpu",
+                    "--out", str(out)], check=True)
+    return out / "notebooks", out / "results"
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    executed, results = _executed_notebooks()
+    out = tmp_path_factory.mktemp("site") / "site"
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "build_site.py"), "--notebooks", str(executed),
+                           "--results", str(results), "--out", str(out), "--no-run"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr + done.stdout
+    print(f"site built in {time.perf_counter() - started:.0f} s")
+    server, url = _serve(out)
+    yield out, url, executed
+    server.shutdown()
+
+
+def _makes_figures(nb_path: Path) -> bool:
+    nb = nbformat.read(nb_path, as_version=4)
+    return any("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+
+
+def _title(nb_path: Path) -> str:
+    nb = nbformat.read(nb_path, as_version=4)
+    first = next(c for c in nb.cells if c.cell_type == "markdown")
+    return next(line for line in first.source.splitlines() if line.startswith("# "))[2:].strip()
+
+
+def _check_links(page: Page, url: str) -> list[str]:
+    """Every link to a page of this site answers 200 (anchors ignored)."""
+    hrefs = page.page.eval_on_selector_all("a[href]", "els => els.map(e => e.getAttribute('href'))")
+    broken = []
+    for href in sorted(set(hrefs)):
+        target = urljoin(url, href).split("#")[0]
+        if not target.startswith(url.split("/")[0] + "//" + urlparse(url).netloc):
+            continue
+        if page.context.request.get(target).status != 200:
+            broken.append(href)
+    return broken
+
+
+def test_every_site_page_in_chromium(browser, site):
+    out, base, executed = site
+    lessons = sorted(executed.glob("[0-9][0-9]_*.ipynb"))
+    pages = [("index.html", None), ("instructors.html", None)] + [(nb.stem + ".html", nb) for nb in lessons]
+    page = Page(browser)
+    for name, nb in pages:
+        url = base + name
+        assert page.page.goto(url).status == 200, name
+        heading = page.page.inner_text("main h1") if page.page.query_selector("main h1") else ""
+        assert heading.strip(), f"{name} shows no title"
+        assert _check_links(page, url) == [], f"{name} has links that do not resolve"
+        if nb is None:
+            continue
+        assert _title(nb) in heading, f"{name}: title {heading!r} is not the notebook's {_title(nb)!r}"
+        assert "Outputs on this page: measured on" in page.page.inner_text("main"), f"{name} names no hardware"
+        if _makes_figures(nb):
+            shown = page.page.eval_on_selector_all("main img", "els => els.filter(e => e.naturalWidth > 0).length")
+            assert shown >= 1, f"{name}: the notebook draws figures but none rendered"
+        assert "solutions/" not in page.page.inner_text("main") or "solution is not shown" in \
+            page.page.inner_text("main"), name
+    assert page.errors == [], f"console errors: {page.errors}"
+    assert page.external == [], f"pages asked for resources off this machine: {page.external}"
+    page.close()
+
+
+def test_site_pages_read_without_javascript(browser, site):
+    """The lessons' text and figures are in the HTML itself, not put there by scripts."""
+    out, base, executed = site
+    page = Page(browser, java_script_enabled=False)
+    for nb in sorted(executed.glob("[0-9][0-9]_*.ipynb")):
+        page.page.goto(base + nb.stem + ".html")
+        main = page.page.inner_text("main")
+        assert _title(nb) in main and "Outputs on this page" in main, nb.stem
+        if _makes_figures(nb):
+            assert page.page.eval_on_selector_all("main img", "els => els.length") >= 1, nb.stem
+    page.close()
+
+
+def test_solutions_are_hidden_on_the_site(site):
+    out, _, executed = site
+    src = ROOT / "solutions" / "01_categorical_labels_on_the_gpu.py"
+    first_line = next(line for line in src.read_text().splitlines() if line.strip() and not line.startswith("#"))
+    html = (out / "01_categorical_labels_on_the_gpu.html").read_text(encoding="utf-8")
+    assert "The solution is not shown on this site" in html
+    assert first_line.strip() not in html.replace("&quot;", '"').replace("&#39;", "'"), "a solution leaked"
+
+
+# ---------------------------------------------------------------- JupyterLab, where learners run the course
+
+JUPYTER_NOTEBOOK = "01_categorical_labels_on_the_gpu.ipynb"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def jupyterlab(tmp_path):
+    work = tmp_path / "lab"
+    work.mkdir()
+    shutil.copy(ROOT / "notebooks" / JUPYTER_NOTEBOOK, work / JUPYTER_NOTEBOOK)
+    port, token = _free_port(), "course-test"
+    env = dict(os.environ, COURSE_QUICK="1", COURSE_DEVICE="cpu", COURSE_RESULTS_DIR=str(tmp_path / "results"),
+               JUPYTER_CONFIG_DIR=str(tmp_path / "cfg"), JUPYTER_RUNTIME_DIR=str(tmp_path / "rt"))
+    env.pop("COURSE_RUN_SOLUTIONS", None)  # as a learner has it: solutions are shown, not run
+    cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
+           f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={work}", "--allow-root"]
+    server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(120):
+        try:
+            urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
+            break
+        except OSError:
+            assert server.poll() is None, f"jupyter lab exited: {server.stderr.read()[-2000:]}"
+            time.sleep(0.5)
+    yield base, token, work / JUPYTER_NOTEBOOK
+    server.terminate()
+    server.wait(timeout=30)
+
+
+def _kernel_idle_for(page, seconds: float, timeout: float) -> bool:
+    """True once the notebook's execution indicator has shown idle for ``seconds`` in a row (Run All queues cells)."""
+    deadline, since = time.time() + timeout, None
+    while time.time() < deadline:
+        idle = page.query_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']") is not None
+        since = (since or time.time()) if idle else None
+        if since and time.time() - since >= seconds:
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def test_a_notebook_runs_in_jupyterlab_through_the_ui(browser, jupyterlab, tmp_path):
+    base, token, path = jupyterlab
+    page = Page(browser, offline=False)  # JupyterLab is a local app: nothing to refuse, and its saves pass untouched
+    page.page.goto(f"{base}/lab/tree/{path.name}?token={token}")
+    page.page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=120_000)
+    assert _kernel_idle_for(page.page, 2, 120), "the kernel never started"
+    page.page.click(".lm-MenuBar-item:has-text('Run')")
+    page.page.get_by_text("Run All Cells", exact=True).click()  # the menu, as a learner does
+    page.page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='busy']", timeout=60_000)
+    finished = _kernel_idle_for(page.page, 5, 600)
+    page.page.screenshot(path=str(tmp_path / "jupyterlab.png"))  # kept with the test's tmp folder if it fails
+    assert finished, f"the notebook was still running after 10 minutes (screenshot: {tmp_path / 'jupyterlab.png'})"
+    page.page.click(".lm-MenuBar-item:has-text('File')")
+    page.page.get_by_text("Save Notebook", exact=True).click()  # File ▸ Save Notebook (Ctrl+S)
+    nb = {}
+    for _ in range(60):  # the save lands when every code cell in the file has its execution count
+        nb = json.loads(path.read_text(encoding="utf-8"))
+        if all(c["execution_count"] for c in nb["cells"] if c["cell_type"] == "code"):
+            break
+        time.sleep(0.5)
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    errors = [o for c in code for o in c["outputs"] if o["output_type"] == "error"]
+    assert errors == [], f"cells raised in JupyterLab: {[e['ename'] + ': ' + e['evalue'] for e in errors]}"
+    unrun = [i for i, c in enumerate(code) if not c["execution_count"]]
+    assert code and not unrun, f"code cells {unrun} never ran (saved notebook); screenshot: {tmp_path / 'jupyterlab.png'}"
+    page.close()

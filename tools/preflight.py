@@ -1,0 +1,226 @@
+"""Pre-flight check of one machine before a workshop (`make check`): is this machine ready for the course?
+
+    python tools/preflight.py [--out build/preflight.md] [--data-dir data] [--no-network]
+
+Prints and writes a Markdown report: Python, torch and CUDA versions; each GPU (name, memory, a timed matmul,
+bf16 support) and the CPU's matmul; a 2-process all-reduce through torchrun (nccl on 2+ GPUs, gloo otherwise);
+JupyterLab and the course kernel; CIFAR-10 present (or its download reachable); Japanese Vowels' checksums; free
+disk. Then one line per problem with its fix. Exit status 1 if any problem blocks the course, else 0.
+Takes well under 2 minutes (the all-reduce starts two Python processes).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BLOCKS, WARNS = "blocks", "warning"
+MIN_FREE_GB = 5  # executed notebooks, checkpoints and CIFAR-10 (~200 MB) fit easily in this
+
+
+class Report:
+    def __init__(self):
+        self.lines, self.problems = [], []
+
+    def fact(self, name: str, value: str) -> None:
+        self.lines.append(f"| {name} | {value} |")
+        print(f"  {name:<28} {value}", flush=True)
+
+    def problem(self, level: str, what: str, fix: str) -> None:
+        self.problems.append((level, what, fix))
+
+    def markdown(self) -> str:
+        out = ["# Pre-flight check", "", "| check | result |", "|---|---|", *self.lines, ""]
+        if not self.problems:
+            return "\n".join(out + ["No problems: this machine is ready for the course.", ""])
+        out += ["## Problems", ""]
+        out += [f"- **{level}**: {what} — fix: {fix}" for level, what, fix in self.problems]
+        return "\n".join(out + [""])
+
+
+def _matmul_tflops(device, dtype, n: int = 2048, reps: int = 5) -> float:
+    import torch
+
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    a @ b  # warm-up: library load, kernel choice
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return 2 * n**3 * reps / (time.perf_counter() - t0) / 1e12
+
+
+def check_torch(r: Report) -> None:
+    import torch
+
+    from helpers.devices import _nvidia_driver, cpu_bf16_native, usable_cpus
+    from helpers.training import cuda_bf16_native
+
+    r.fact("Python", sys.version.split()[0])
+    r.fact("torch", f"{torch.__version__} (CUDA build {torch.version.cuda or 'none'})")
+    r.fact("CPU", f"{usable_cpus()} usable cores, bf16 instructions: {'yes' if cpu_bf16_native() else 'no'}, "
+                  f"fp32 matmul {_matmul_tflops(torch.device('cpu'), torch.float32, n=1024, reps=3) * 1e3:.0f} GFLOP/s")
+    if not torch.cuda.is_available():
+        r.fact("GPUs", "none (CUDA not available): the course runs on the CPU; GPU lessons show reference results")
+        return
+    r.fact("NVIDIA driver", str(_nvidia_driver()))
+    for i in range(torch.cuda.device_count()):
+        dev = torch.device("cuda", i)
+        p = torch.cuda.get_device_properties(i)
+        try:
+            fp32 = _matmul_tflops(dev, torch.float32)
+            bf16 = _matmul_tflops(dev, torch.bfloat16) if cuda_bf16_native(dev) else None
+        except RuntimeError as exc:
+            r.problem(BLOCKS, f"GPU {i} ({p.name}) failed a matmul: {str(exc)[:100]}",
+                      "check `nvidia-smi`; another job may hold the GPU, or the driver is older than torch's CUDA")
+            continue
+        r.fact(f"GPU {i}", f"{p.name}, {p.total_memory / 2**30:.0f} GiB, fp32 matmul {fp32:.1f} TFLOP/s, bf16 "
+                           + (f"{bf16:.1f} TFLOP/s" if bf16 else "not native (AMP uses fp16)"))
+
+
+def check_allreduce(r: Report) -> None:
+    import torch
+
+    backend = "nccl" if torch.cuda.device_count() >= 2 else "gloo"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(Path(__file__).resolve()), "--allreduce-worker", backend]
+    t0 = time.perf_counter()
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=90, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        r.problem(BLOCKS, f"2-process all-reduce ({backend}) did not finish in 90 s",
+                  "a firewall or a busy port blocks the rendezvous: try again, or set MASTER_PORT to a free port")
+        return
+    ok = done.returncode == 0 and "allreduce ok" in done.stdout
+    r.fact("torchrun all-reduce", f"{backend}, 2 processes: {'ok' if ok else 'FAILED'} "
+                                  f"({time.perf_counter() - t0:.1f} s with start-up)")
+    if not ok:
+        r.problem(BLOCKS, f"torchrun all-reduce with {backend} failed: {(done.stderr or done.stdout)[-200:]!r}",
+                  "lesson 05 needs it: check that `python -m torch.distributed.run --help` works and localhost resolves")
+
+
+def allreduce_worker(backend: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    rank = int(os.environ["RANK"])
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    if backend == "nccl":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend)
+    x = torch.full((4,), float(rank + 1), device=device)
+    dist.all_reduce(x)
+    assert x.tolist() == [3.0] * 4, x
+    dist.destroy_process_group()
+    if rank == 0:
+        print("allreduce ok")
+
+
+def check_jupyter(r: Report) -> None:
+    missing = [m for m in ("jupyterlab", "ipykernel", "papermill") if importlib.util.find_spec(m) is None]
+    if missing:
+        r.fact("JupyterLab", f"missing: {', '.join(missing)}")
+        r.problem(BLOCKS, f"{', '.join(missing)} not importable in {sys.executable}",
+                  "run `make lab` (it installs them into .venv), or `pip install -e .[dev]`")
+        return
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    specs = KernelSpecManager().find_kernel_specs()
+    r.fact("JupyterLab", f"importable; kernels: {', '.join(sorted(specs)) or 'none'}")
+    if "python3" not in specs:
+        r.problem(BLOCKS, "no `python3` Jupyter kernel", "`python -m ipykernel install --user --name python3`")
+
+
+def check_cifar10(r: Report, network: bool) -> None:
+    given = os.environ.get("COURSE_CIFAR10_DIR")
+    base = Path(given) if given else ROOT / "data" / "cifar10"
+    tree = [p for p in (base, base / "CIFAR-10-images") if (p / "train").is_dir() and (p / "test").is_dir()]
+    if tree or (base / "cifar-10-batches-py").is_dir():
+        r.fact("CIFAR-10", f"present in {tree[0] if tree else base}")
+        return
+    if given:
+        r.fact("CIFAR-10", f"COURSE_CIFAR10_DIR={given} holds no CIFAR-10")
+        r.problem(BLOCKS, f"COURSE_CIFAR10_DIR={given} has no train/<class>/ and test/<class>/ folders",
+                  "point it at the extracted image-folder tree (the folder holding train/ and test/)")
+        return
+    reachable = network and _reachable("www.cs.toronto.edu", 443)
+    r.fact("CIFAR-10", "not on this machine; " + ("download reachable (lessons 04-07 fetch it, 170 MB)" if
+                                                   reachable else "download NOT reachable"))
+    if not reachable:
+        r.problem(WARNS, "CIFAR-10 is not here and cannot be downloaded: lessons 04-07 fall back to a synthetic "
+                         "stand-in in quick mode and stop in full mode",
+                  "copy an image-folder tree here and set COURSE_CIFAR10_DIR (docs/instructors.md: offline room)")
+
+
+def _reachable(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+        return True
+    except OSError:
+        return False
+
+
+def check_vowels(r: Report, data_dir: Path) -> None:
+    sums = data_dir / "SHA256SUMS"
+    bad = []
+    for line in sums.read_text().splitlines():
+        digest, name = line.split()
+        path = data_dir / name
+        if not path.exists() or hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+            bad.append(name)
+    r.fact("Japanese Vowels", "checksums ok" if not bad else f"BAD: {', '.join(bad)}")
+    if bad:
+        r.problem(BLOCKS, f"{', '.join(bad)} missing or changed in {data_dir} (SHA-256 differs from SHA256SUMS)",
+                  f"restore the shipped files: `git checkout -- {data_dir.relative_to(ROOT) if data_dir.is_relative_to(ROOT) else data_dir}`")
+
+
+def check_disk(r: Report) -> None:
+    free = shutil.disk_usage(ROOT).free / 2**30
+    r.fact("free disk", f"{free:.1f} GiB at {ROOT}")
+    if free < MIN_FREE_GB:
+        r.problem(BLOCKS, f"only {free:.1f} GiB free (the course wants {MIN_FREE_GB} GiB: executed notebooks, "
+                          "checkpoints, CIFAR-10)", "free some disk, or `make clean` to remove old build/ outputs")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=str(ROOT / "build" / "preflight.md"))
+    ap.add_argument("--data-dir", default=str(ROOT / "data"), help="where Japanese Vowels and SHA256SUMS are")
+    ap.add_argument("--no-network", action="store_true", help="do not probe CIFAR-10's download site")
+    ap.add_argument("--allreduce-worker", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.allreduce_worker:
+        allreduce_worker(args.allreduce_worker)
+        return 0
+    t0, r = time.perf_counter(), Report()
+    print("Pre-flight check of this machine for the course:")
+    for check in (check_torch, check_allreduce, check_jupyter):
+        check(r)
+    check_cifar10(r, network=not args.no_network)
+    check_vowels(r, Path(args.data_dir).resolve())
+    check_disk(r)
+    from helpers.results import atomic_write_text
+
+    out = atomic_write_text(Path(args.out), r.markdown())
+    for level, what, fix in r.problems:
+        print(f"{level.upper()}: {what} — fix: {fix}")
+    blocking = [p for p in r.problems if p[0] == BLOCKS]
+    print(f"{'NOT READY' if blocking else 'ready'}: {len(r.problems)} problem(s), {len(blocking)} blocking; "
+          f"{time.perf_counter() - t0:.0f} s; report: {out}")
+    return 1 if blocking else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
