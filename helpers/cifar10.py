@@ -265,3 +265,43 @@ def input_images_per_s(loader, batches: int = 20) -> float:
         seen += x.shape[0]
     synchronize(device)
     return seen / max(time.perf_counter() - t0, 1e-9)
+
+
+class FileImageDataset(Dataset):
+    """Items ``(transform(decoded image file), label)``: the image-folder pipeline that reads and decodes a file per
+    image, as torchvision's ``ImageFolder`` or MATLAB's ``imageDatastore`` do (notebook 10)."""
+
+    def __init__(self, files: list, labels: list, transform=None):
+        self.files, self.labels, self.transform = files, labels, transform
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i):
+        from torchvision.io import decode_image
+
+        img = decode_image(str(self.files[i]))
+        return (self.transform(img) if self.transform else img), self.labels[i]
+
+
+def image_files(cifar10_dir, per_class: int, scratch: Path) -> tuple[FileImageDataset, str]:
+    """``per_class`` training images of each class as files (CIFAR-10's own when an image-folder tree is found,
+    else synthetic PNGs written under ``scratch``), and where they came from (notebook 10)."""
+    given = cifar10_dir or os.environ.get("COURSE_CIFAR10_DIR")
+    tree = _folder_root(Path(given)) if given and Path(given).exists() else None
+    if tree is None:
+        from torchvision.io import write_png
+
+        data = synthetic_images(10 * per_class)
+        for i, (img, label) in enumerate(zip(data.images, data.labels)):
+            (scratch / str(int(label))).mkdir(parents=True, exist_ok=True)
+            write_png(img, str(scratch / str(int(label)) / f"{i}.png"))
+        tree, source = None, f"synthetic PNG files in {scratch} (no CIFAR-10 image folder here)"
+    root = tree / "train" if tree else scratch
+    files, labels = [], []
+    for label, folder in enumerate(sorted(p for p in root.iterdir() if p.is_dir())):
+        mine = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)[:per_class]
+        files += mine
+        labels += [label] * len(mine)
+    return FileImageDataset(files, labels, cifar10_transform(train=True)), (f"CIFAR-10 image files in {root}"
+                                                                             if tree else source)

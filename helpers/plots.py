@@ -325,3 +325,36 @@ def memory_search(trials: dict, *, limit_mb: float | None, title: str, ax=None):
     ax.set_ylabel("peak memory of one step (MB)")
     _finish(ax, title)
     return ax
+
+
+CHECKLIST = [  # symptom → what to measure → the lever → the lesson that measures it
+    ("the device waits for batches", "data wait share; input alone vs model alone", "more / persistent workers, "
+     "pinned copies, data and augmentation on the device", "04, 03"),
+    ("copies take a large share", "host→device phase; pinned vs pageable bandwidth", "pin_memory + non_blocking, "
+     "keep data on the device", "03"),
+    ("twice the batch, nearly twice the speed", "items/s at batch B and 2B", "a larger batch (scale the LR), "
+     "torch.compile, CUDA graphs", "08, 05"),
+    ("arithmetic sets the pace", "forward + backward share; FLOP/s vs the peak", "mixed precision, channels_last, "
+     "torch.compile, more devices", "06, 08, 05"),
+    ("out of memory", "peak memory against batch size", "smaller batch, checkpointing, FSDP2, mixed precision",
+     "09"),
+    ("a small sequential model is no faster on a GPU", "step time by batch, CPU vs GPU", "stay on the CPU, or a "
+     "larger batch", "01, 02"),
+]
+
+
+def decision_checklist(ax=None):
+    """The course's decision checklist as a table figure: symptom → measurement → lever → lesson (notebook 10)."""
+    ax = _axes(ax, (13, 0.6 + 0.55 * len(CHECKLIST)))
+    ax.axis("off")
+    table = ax.table(cellText=[list(row) for row in CHECKLIST], loc="center", cellLoc="left",
+                     colLabels=["symptom", "measure", "lever", "lesson"], colWidths=[0.24, 0.28, 0.38, 0.10])
+    table.auto_set_font_size(False)
+    table.set_fontsize(8)
+    table.scale(1, 1.6)
+    for (row, _), cell in table.get_celld().items():
+        if row == 0:
+            cell.set_text_props(weight="bold")
+            cell.set_facecolor("#dde6f0")
+    ax.set_title("Which lever? Measure first, then change one thing")
+    return ax

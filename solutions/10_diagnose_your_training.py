@@ -1,0 +1,9 @@
+"""Solutions to the exercises of notebooks/10_diagnose_your_training.ipynb (shown there by helpers.course.solution).
+
+Each section runs in the notebook's namespace and ends with the exercise's own check.
+"""
+# %% exercise 1
+wait_share = 6.0 / sum(exercise_phases.values())  # 35 %: at least lesson 09's 20 %, so the step waits for its input
+input_slower = 9000 < 14000                       # and the pipeline alone is slower than the model alone
+answer_bottleneck = "input"
+check(answer_bottleneck, classify(exercise_phases, 9000, 14000, 1.2)[0], unset=NOT_ATTEMPTED)
