@@ -3,8 +3,8 @@
     diagnose(model, loader, loss_fn, optimizer, device="auto", budget_s=60) -> Diagnosis
     python -m helpers.diagnose my_training.py [--device D] [--budget-s S] [--json]
 
-It measures, on copies of the learner's model and optimizer (the originals and the RNG state are left as they
-were): the step's phases, the input pipeline alone and the model alone, then the same step with each lever the
+It measures, on copies of the learner's model and optimizer (the originals, and the global random generators of
+torch, CUDA, Python and NumPy, are left as they were; a loader's own generator moves on as in any epoch): the step's phases, the input pipeline alone and the model alone, then the same step with each lever the
 course teaches that applies on this device, as a ratio of items per second. Levers it cannot measure are listed
 with the reason. The file given to the command line defines ``make_model()``, ``make_loader()``,
 ``make_optimizer(model)`` and optionally ``loss_fn`` and ``host_inputs`` (input positions kept on the CPU).
@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from .devices import pick_device, synchronize, usable_cpus
-from .profiling import INPUT_BOUND_SHARE, phase, profiler_peak_mb
+from .profiling import INPUT_BOUND_SHARE, free_memory, phase, profiler_peak_mb
 from .training import _rng_state, _set_rng_state, resolve_amp, split_batch
 
 LESSON = {"workers": "04", "pinned": "03", "amp": "06", "channels_last": "06", "batch": "05 and 09",
@@ -62,19 +62,22 @@ class Diagnosis:
 
     def markdown(self) -> str:
         """The report: bottleneck, phases, input vs model, what to change first."""
-        lines = [f"**Bottleneck: {self.bottleneck}** — {self.reason} (lesson {BOTTLENECK_LESSON[self.bottleneck]}).",
-                 "", f"Device `{self.device}`, batch {self.batch_size}; step phases (ms): " +
+        head = f"**Bottleneck: {self.bottleneck}** — {self.reason} (lesson {BOTTLENECK_LESSON[self.bottleneck]})."
+        if self.bottleneck == "memory":
+            return (f"{head}\n\nNothing else was measured. Lesson 09's levers: a smaller batch, activation "
+                    f"checkpointing, mixed precision, sharding the model (FSDP2).\n\n(diagnosis took {self.seconds:.0f} s)")
+        lines = [head, "", f"Device `{self.device}`, batch {self.batch_size}; step phases (ms): " +
                  ", ".join(f"{k} {v:.1f}" for k, v in self.phase_ms.items()) +
                  f"; the device waits {self.idle_share:.0%} of the step.",
                  f"Input pipeline alone: {self.input_items_per_s:,.0f} items/s; model alone: "
                  f"{self.model_items_per_s:,.0f} items/s.", "",
-                 "| change first | speed-up of the step | of the model alone | lesson | caveat |", "|---|---|---|---|---|"]
-        lines += [f"| {r['lever']}: {r['what']} | {r['step_speedup']:.2f}× | {r['measured_speedup']:.2f}× | "
-                  f"{r['lesson']} | {r['caveat']} |" for r in self.recommendations] or \
-            ["| nothing measured speeds the step up by 5 % or more | | | | |"]
+                 "| change first | speed-up of the step | as measured | lesson | caveat |", "|---|---|---|---|---|"]
+        lines += [f"| {r['lever']}: {r['what']} | {r['step_speedup']:.2f}× | {r['measured_speedup']:.2f}× "
+                  f"{'(whole step)' if r['lever'] in END_TO_END else '(model alone)'} | {r['lesson']} | {r['caveat']} |"
+                  for r in self.recommendations] or ["| nothing measured speeds the step up by 5 % or more | | | | |"]
         chosen = {r["lever"] for r in self.recommendations}
         lines += [f"- measured, no gain for this step: {k} ({v['what']}): {v['speedup']:.2f}× "
-                  + ("for the whole step" if k == "workers" else "for the model alone"
+                  + ("for the whole step" if k in END_TO_END else "for the model alone"
                      + (", but the step waits for data" if v["speedup"] >= WORTH else ""))
                   for k, v in self.levers.items() if k not in chosen]
         lines += [f"- not measured: {k} — {why}" for k, why in self.not_measured.items()]
@@ -87,6 +90,8 @@ def _untouched(model: nn.Module, optimizer):
     the RNG states are restored afterwards, so the learner's run continues as if nothing happened."""
     rng = _rng_state()
     work_model, work_opt = copy.deepcopy((model, optimizer))
+    # An LR scheduler patches optimizer.step with a closure over the *original* optimizer; Optimizer.__getstate__
+    # leaves that patch out of the copy, so the copy steps its own parameters (a test holds torch to it).
     try:
         yield work_model, work_opt
     finally:
@@ -95,6 +100,17 @@ def _untouched(model: nn.Module, optimizer):
 
 def _items(batch) -> int:
     return int(batch[-1].shape[0])
+
+
+def _check_batch(batch) -> None:
+    if not isinstance(batch, (tuple, list)) or len(batch) < 2 or not isinstance(batch[-1], torch.Tensor):
+        raise ValueError(f"each batch must be (*inputs, target) with a tensor target, as fit() takes; this loader "
+                         f"yields a {type(batch).__name__}: wrap it (e.g. a generator yielding (x, y)) first")
+
+
+def _on_device(batch, device, host_inputs) -> list:
+    inputs, target = split_batch(batch, device, host_inputs)
+    return [*inputs, target]
 
 
 def _step(model, optimizer, batch, device, loss_fn, host_inputs, amp=None, channels_last=False):
@@ -124,7 +140,7 @@ def _items_per_s(model, optimizer, batch, device, loss_fn, host_inputs, seconds:
 
 def _phases(model, optimizer, loader, device, loss_fn, host_inputs, steps: int) -> tuple[dict, float]:
     """Median ms per phase over ``steps`` real steps fed by ``loader`` (after one warm-up), and items/s."""
-    rows, batches = [], _forever(loader)
+    rows, items, batches = [], 0, _forever(loader)
     for i in range(steps + 1):
         times = {}
         with phase("data wait", device, times):
@@ -140,13 +156,21 @@ def _phases(model, optimizer, loader, device, loss_fn, host_inputs, steps: int) 
             optimizer.step()
         if i:
             rows.append(times)
+            items += _items(batch)
     phase_ms = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-    return phase_ms, _items(batch) / (sum(phase_ms.values()) / 1e3)
+    return phase_ms, items / (sum(sum(r.values()) for r in rows) / 1e3)
 
 
 def _forever(loader):
+    """Batches epoch after epoch; a loader that yields nothing in a pass is an error, not an endless loop."""
     while True:
-        yield from loader
+        empty = True
+        for batch in loader:
+            empty = False
+            yield batch
+        if empty:
+            raise ValueError("the loader yielded no batch: diagnose needs a loader that can be iterated again, "
+                             "epoch after epoch (a DataLoader, not a one-shot iterator)")
 
 
 def input_items_per_s(loader, device, seconds: float = 2.0) -> float:
@@ -156,7 +180,9 @@ def input_items_per_s(loader, device, seconds: float = 2.0) -> float:
     seen, t0 = 0, time.perf_counter()
     while seen == 0 or time.perf_counter() - t0 < seconds:
         batch = next(batches)
-        batch[-1].to(device)
+        for x in batch:
+            if isinstance(x, torch.Tensor):
+                x.to(device, non_blocking=device.type == "cuda")
         seen += _items(batch)
     synchronize(device)
     return seen / (time.perf_counter() - t0)
@@ -187,7 +213,8 @@ class _Bench:
     """The shared context of one diagnosis: the work copies, the fixed batch, the device, the time left."""
 
     def __init__(self, model, optimizer, batch, device, loss_fn, host_inputs, deadline):
-        self.model, self.optimizer, self.batch, self.device = model, optimizer, batch, device
+        self.model, self.optimizer, self.host_batch, self.device = model, optimizer, batch, device
+        self.batch = _on_device(batch, device, host_inputs)  # the model alone: no copy per step
         self.loss_fn, self.host_inputs, self.deadline = loss_fn, host_inputs, deadline
 
     def left(self) -> float:
@@ -217,11 +244,13 @@ def _lever_channels_last(b: _Bench, base: float) -> dict | str:
 def _lever_pinned(b: _Bench, base: float) -> dict | str:
     if b.device.type != "cuda":
         return f"no host→device copy to speed up on `{b.device}`"
+    if not all(x.device.type == "cpu" for x in b.host_batch if isinstance(x, torch.Tensor)):
+        return "the loader's batches are already on the device: nothing is copied"
     from .timing import time_train_step
 
     def run(pinned):
         model, opt = copy.deepcopy((b.model, b.optimizer))
-        return time_train_step(model, b.batch, b.device, optimizer=opt, loss_fn=b.loss_fn, host_inputs=b.host_inputs,
+        return time_train_step(model, b.host_batch, b.device, optimizer=opt, loss_fn=b.loss_fn, host_inputs=b.host_inputs,
                                batch_on_host=True, pinned=pinned, min_run_time=0.5).items_per_s
     return {"speedup": run(True) / run(False), "what": "pin_memory=True with non_blocking copies"}
 
@@ -231,25 +260,49 @@ def _lever_workers(b: _Bench, loader, step_rate: float) -> dict | str:
 
     if not isinstance(loader, DataLoader):
         return "the loader is not a DataLoader (batches made in the training process or on the device)"
-    have, want = loader.num_workers, min(usable_cpus(), 8)
+    from torch.utils.data import IterableDataset
+
+    from .devices import loader_workers
+
+    if isinstance(loader.dataset, IterableDataset):
+        return "an IterableDataset: its workers would each need their own share of the stream"
+    have, want = loader.num_workers, loader_workers()
     if want <= have:
-        return f"it already uses {have} workers and this process may use {usable_cpus()} CPUs"
+        return f"it already uses {have} workers; this process may use {usable_cpus()} CPUs (lesson 04: cores − 1)"
     batching = dict(batch_sampler=loader.batch_sampler) if loader.batch_size is None else \
         dict(batch_size=loader.batch_size, sampler=loader.sampler, drop_last=loader.drop_last)
     more = DataLoader(loader.dataset, collate_fn=loader.collate_fn, num_workers=want, persistent_workers=True,
-                      pin_memory=b.device.type == "cuda", **batching)
+                      pin_memory=loader.pin_memory, worker_init_fn=loader.worker_init_fn,
+                      generator=loader.generator, **batching)
     model, opt = copy.deepcopy((b.model, b.optimizer))
     _, rate = _phases(model, opt, more, b.device, b.loss_fn, b.host_inputs, steps=6)
     return {"speedup": rate / step_rate, "what": f"num_workers={want}, persistent_workers=True (was {have})"}
 
 
-def _lever_batch(b: _Bench, base: float, memory_limit_mb) -> dict | str:
-    bigger = _doubled(b.batch)
-    model, opt = copy.deepcopy((b.model, b.optimizer))
-    why = _fits(lambda: _step(model, opt, bigger, b.device, b.loss_fn, b.host_inputs), b.device, memory_limit_mb)
-    if why:
-        return f"batch {_items(bigger)} does not fit: {why}"
-    return {"speedup": b.rate(bigger) / base, "what": f"batch {_items(bigger)} instead of {_items(b.batch)}"}
+def _lever_batch(b: _Bench, base: float, memory_limit_mb, doublings: int = 3) -> dict | str:
+    """Double the batch while it fits (the step run once first: out of memory is caught, never a crash), up to
+    ``doublings`` times within the budget; the batch with the most items/s wins. ``double_speedup`` is the gain of
+    the first doubling, which ``classify`` reads."""
+    batch, best, best_rate, tried, first = b.batch, None, base, [], None
+    for _ in range(doublings):
+        bigger = _doubled(batch)
+        model, opt = copy.deepcopy((b.model, b.optimizer))
+        why = _fits(lambda: _step(model, opt, bigger, b.device, b.loss_fn, b.host_inputs), b.device, memory_limit_mb)
+        if why:
+            tried.append(f"{_items(bigger)} does not fit: {why}")
+            break
+        rate = b.rate(bigger)
+        first = first or rate / base
+        tried.append(f"{_items(bigger)}: {rate / base:.2f}×")
+        best, best_rate = (bigger, rate) if rate > best_rate else (best, best_rate)
+        batch = bigger
+        if b.left() <= 0:
+            break
+    if first is None:
+        return f"batch {tried[0]}"
+    size = _items(best) if best is not None else _items(b.batch)
+    return {"speedup": best_rate / base, "double_speedup": first,
+            "what": f"batch {size} instead of {_items(b.batch)} (tried {'; '.join(tried)})"}
 
 
 def _lever_compile(b: _Bench, base: float) -> dict | str:
@@ -260,7 +313,8 @@ def _lever_compile(b: _Bench, base: float) -> dict | str:
         return f"torch.compile failed here: {out['error']}"
     steps = out["break_even_steps"]
     return {"speedup": out["speedup"], "compile_seconds": out["compile_seconds"], "break_even_steps": steps,
-            "what": f"torch.compile ({out['compile_seconds']:.0f} s to compile, pays back after "
+            "what": f"torch.compile (timed with SGD and cross-entropy; {out['compile_seconds']:.0f} s to compile, pays "
+                    "back after "
                     + (f"{steps:.0f} steps)" if steps else "never: it is not faster)")}
 
 
@@ -274,32 +328,41 @@ def classify(phase_ms: dict, input_rate: float, model_rate: float, batch_gain: f
     """
     step = sum(phase_ms.values())
     wait, copy_ = phase_ms.get("data wait", 0) / step, phase_ms.get("host to device", 0) / step
+    rates = f"the input pipeline alone delivers {input_rate:,.0f} items/s, the model alone takes {model_rate:,.0f}"
     if input_rate < model_rate:
-        return "input", (f"the input pipeline alone delivers {input_rate:,.0f} items/s, fewer than the "
-                         f"{model_rate:,.0f} the model alone takes; the step waits for data {wait:.0%} of its time")
-    if wait >= INPUT_SHARE:
+        return "input", f"{rates}: the input is the slower side; the step waits for data {wait:.0%} of its time"
+    if wait + copy_ >= INPUT_SHARE:  # lesson 09's rule: data wait and copy together
+        if copy_ > wait:
+            return "transfer", f"the host→device copy takes {copy_:.0%} of the step (data wait {wait:.0%})"
         return "input", (f"the step waits for data {wait:.0%} of its time: loading is not overlapped with compute "
-                         f"(the pipeline alone delivers {input_rate:,.0f} items/s, the model alone takes "
-                         f"{model_rate:,.0f})")
-    if copy_ >= INPUT_SHARE:
-        return "transfer", f"the host→device copy takes {copy_:.0%} of the step"
+                         f"({rates})")
     if batch_gain is not None and batch_gain >= OVERHEAD_GAIN:
         fixed = 2 - 2 / batch_gain  # t(B) = a + bB and t(2B) = a + 2bB give a / t(B) = 2 - 2 / gain
-        return "overhead", (f"twice the batch gives {batch_gain:.2f}× the items/s, so about {fixed:.0%} of the step is "
-                            "a fixed cost per step (operator launches, Python, small kernels), not arithmetic")
+        return "overhead", (f"twice the batch gives {batch_gain:.2f}× the items/s, so about {fixed:.0%} of the step "
+                            "costs the same whatever the batch (operator launches, Python, small kernels, the "
+                            "optimizer's update): lesson 09 would call it launch-bound on a GPU")
     gain = f"; twice the batch gives only {batch_gain:.2f}× the items/s" if batch_gain is not None else ""
     return "compute", f"forward, backward and optimizer take {1 - wait - copy_:.0%} of the step{gain}"
 
 
-def recommend(levers: dict, phase_ms: dict) -> list:
+END_TO_END = ("workers", "pinned")  # measured as whole steps; the others on the model alone
+
+
+def recommend(levers: dict, phase_ms: dict, input_cap: float | None = None) -> list:
     """Levers ranked by the speed-up of the whole step. A model-side lever (measured on the model alone) speeds up
     forward, backward and optimizer only: the measured data wait and copy stay, so its step speed-up is
-    ``step / (wait + copy + compute / speedup)``. The workers lever was measured end to end."""
+    ``step / (wait + copy + compute / speedup)``, and never above ``input_cap`` (the input pipeline's items/s over
+    the step's: what the input alone could feed). Workers and pinned copies were measured as whole steps."""
     step = sum(phase_ms.values())
     fixed = phase_ms.get("data wait", 0.0) + phase_ms.get("host to device", 0.0)
     ranked = []
     for name, got in levers.items():
-        step_gain = got["speedup"] if name == "workers" else step / (fixed + (step - fixed) / got["speedup"])
+        if name in END_TO_END:
+            step_gain = got["speedup"]
+        else:
+            step_gain = step / (fixed + (step - fixed) / got["speedup"])
+            if input_cap is not None:
+                step_gain = min(step_gain, input_cap)
         if step_gain >= WORTH:
             ranked.append({"lever": name, "measured_speedup": round(got["speedup"], 3),
                            "step_speedup": round(step_gain, 3), "lesson": LESSON[name], "what": got["what"],
@@ -313,20 +376,27 @@ def default_levers(device: torch.device) -> tuple:
     return base + ("compile",) if device.type == "cuda" else base
 
 
+COMPILE_MIN_S = 20  # compiling takes seconds even on a GPU: not started with less of the budget left
+
+
 def _measure_levers(b: _Bench, loader, base: float, step_rate: float, names, memory_limit_mb) -> tuple[dict, dict]:
-    runs = {"amp": lambda: _lever_amp(b, base), "channels_last": lambda: _lever_channels_last(b, base),
-            "pinned": lambda: _lever_pinned(b, base), "workers": lambda: _lever_workers(b, loader, step_rate),
-            "batch": lambda: _lever_batch(b, base, memory_limit_mb), "compile": lambda: _lever_compile(b, base)}
+    runs = {"batch": lambda: _lever_batch(b, base, memory_limit_mb), "channels_last": lambda: _lever_channels_last(b, base),
+            "amp": lambda: _lever_amp(b, base), "pinned": lambda: _lever_pinned(b, base),
+            "workers": lambda: _lever_workers(b, loader, step_rate), "compile": lambda: _lever_compile(b, base)}
     measured, skipped = {}, {}
-    for name in runs:
+    for name in runs:  # batch first: classify needs it
         if name not in names:
             skipped[name] = ("torch.compile on a CPU compiles for tens of seconds (lesson 08): pass "
                              "levers=[..., 'compile'] to measure it") if name == "compile" else "not asked for"
             continue
-        if b.left() <= 0:
-            skipped[name] = "budget_s spent before this lever"
+        if b.left() <= (COMPILE_MIN_S if name == "compile" else 0):
+            skipped[name] = f"budget_s spent before this lever ({max(b.left(), 0):.0f} s left)"
             continue
-        got = runs[name]()
+        try:
+            got = runs[name]()
+        except Exception as exc:  # a lever that fails on this model is reported, the diagnosis goes on
+            got = f"failed on this model: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+        free_memory(b.device)
         (skipped if isinstance(got, str) else measured)[name] = got
     return measured, skipped
 
@@ -341,12 +411,18 @@ def diagnose(model: nn.Module, loader, loss_fn=None, optimizer=None, device="aut
     t0, device = time.perf_counter(), pick_device(device)
     loss_fn = loss_fn or nn.CrossEntropyLoss()
     optimizer = optimizer or torch.optim.SGD(model.parameters(), lr=0.01)
+    if hasattr(loader, "__next__"):  # a generator or iterator: one pass only
+        raise ValueError("diagnose needs a loader it can iterate several times (a DataLoader or a list of batches), "
+                         "not a one-shot iterator or generator")
     with _untouched(model, optimizer) as (work, opt):
         work.to(device).train()
         batch = next(iter(loader))
+        _check_batch(batch)
         b = _Bench(work, opt, batch, device, loss_fn, host_inputs, t0 + budget_s)
         first = copy.deepcopy((work, opt))  # copied outside the measured step: the copy is not the step's memory
         too_big = _fits(lambda: _step(*first, batch, device, loss_fn, host_inputs), device, memory_limit_mb)
+        del first
+        free_memory(device)
         if too_big:
             return Diagnosis(str(device), _items(batch), "memory", f"batch {_items(batch)} does not fit: {too_big}",
                              {}, 0.0, 0.0, 0.0, not_measured={"everything": "the step itself does not fit"},
@@ -356,12 +432,12 @@ def diagnose(model: nn.Module, loader, loss_fn=None, optimizer=None, device="aut
         base = b.rate()
         measured, skipped = _measure_levers(b, loader, base, step_rate, levers or default_levers(device),
                                             memory_limit_mb)
-    gain = measured.get("batch", {}).get("speedup")
+    gain = measured.get("batch", {}).get("double_speedup")
     bottleneck, reason = classify(phase_ms, input_rate, base, gain)
     step = sum(phase_ms.values())
     idle = (phase_ms["data wait"] + phase_ms["host to device"]) / step
     return Diagnosis(str(device), _items(batch), bottleneck, reason, {k: round(v, 3) for k, v in phase_ms.items()},
-                     idle, input_rate, base, measured, skipped, recommend(measured, phase_ms),
+                     idle, input_rate, base, measured, skipped, recommend(measured, phase_ms, input_rate / step_rate),
                      time.perf_counter() - t0)
 
 

