@@ -155,7 +155,9 @@ def test_profiled_phases_sum_to_the_step_and_agree_with_the_clock(tmp_path):
     assert phases.step_ms == pytest.approx(clock_step, rel=0.15, abs=2.0), "the trace's µs become ms correctly"
     for name in profiling.PHASES:
         clock = statistics.fmean(s[name] for s in run.clock_ms)
-        assert phases.phase_ms[name] == pytest.approx(clock, rel=0.1, abs=1.0), (name, phases.phase_ms, run.clock_ms)
+        # The same interval read from the trace and from the host clock: a unit or attribution slip is off by 1000×
+        # or by a whole phase; a few ms apart is a context switch on a loaded 2-core box (seen once in CI: 1.4 ms).
+        assert phases.phase_ms[name] == pytest.approx(clock, rel=0.1, abs=5.0), (name, phases.phase_ms, run.clock_ms)
     assert 0 < phases.busy_ms <= phases.phase_ms["forward"] + phases.phase_ms["backward"] + phases.phase_ms["optimizer"]
     assert run.profiler.key_averages().table(row_limit=3)
 

@@ -121,7 +121,8 @@ def _makes_figures(nb_path: Path) -> bool:
 def _title(nb_path: Path) -> str:
     nb = nbformat.read(nb_path, as_version=4)
     first = next(c for c in nb.cells if c.cell_type == "markdown")
-    return next(line for line in first.source.splitlines() if line.startswith("# "))[2:].strip()
+    title = next(line for line in first.source.splitlines() if line.startswith("# "))[2:].strip()
+    return title.replace("`", "").replace("*", "")  # as the page shows it: Markdown's code and emphasis marks gone
 
 
 def _check_links(page: Page, url: str) -> list[str]:
