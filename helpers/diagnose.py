@@ -56,6 +56,7 @@ class Diagnosis:
     not_measured: dict = field(default_factory=dict)      # lever -> why not
     recommendations: list = field(default_factory=list)   # ranked: {"lever", "measured_speedup", "lesson", ...}
     seconds: float = 0.0
+    doubling_gain: float | None = None  # items/s at twice the batch over now, from the fitted step times
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -279,11 +280,14 @@ def _lever_workers(b: _Bench, loader, step_rate: float) -> dict | str:
     return {"speedup": rate / step_rate, "what": f"num_workers={want}, persistent_workers=True (was {have})"}
 
 
-def _lever_batch(b: _Bench, base: float, memory_limit_mb, doublings: int = 3) -> dict | str:
-    """Double the batch while it fits (the step run once first: out of memory is caught, never a crash), up to
-    ``doublings`` times within the budget; the batch with the most items/s wins. ``double_speedup`` is the gain of
-    the first doubling, which ``classify`` reads."""
-    batch, best, best_rate, tried, first = b.batch, None, base, [], None
+def _lever_batch(b: _Bench, base: float, memory_limit_mb, doublings: int = 1, start=None) -> dict | str:
+    """Double the batch (from ``start``, else the loader's) while it fits — the step is run once first, so out of
+    memory is caught, never a crash — and while doubling still pays (5 % more items/s), ``doublings`` times at
+    most. ``speedup`` is the best batch's items/s over the loader's batch; ``double_speedup`` the first doubling's
+    gain, which ``classify`` reads. ``diagnose`` doubles once first and more at the end if the budget allows."""
+    batch = b.batch if start is None else start
+    best, best_rate, tried, first, last = None, base, [], None, base if start is None else b.rate(start)
+    points = {_items(batch): _items(batch) / last}  # batch size -> seconds per step
     for _ in range(doublings):
         bigger = _doubled(batch)
         model, opt = copy.deepcopy((b.model, b.optimizer))
@@ -292,17 +296,50 @@ def _lever_batch(b: _Bench, base: float, memory_limit_mb, doublings: int = 3) ->
             tried.append(f"{_items(bigger)} does not fit: {why}")
             break
         rate = b.rate(bigger)
+        points[_items(bigger)] = _items(bigger) / rate
         first = first or rate / base
         tried.append(f"{_items(bigger)}: {rate / base:.2f}×")
         best, best_rate = (bigger, rate) if rate > best_rate else (best, best_rate)
-        batch = bigger
-        if b.left() <= 0:
+        if rate < WORTH * last or b.left() <= 0:
             break
+        batch, last = bigger, rate
     if first is None:
         return f"batch {tried[0]}"
-    size = _items(best) if best is not None else _items(b.batch)
-    return {"speedup": best_rate / base, "double_speedup": first,
-            "what": f"batch {size} instead of {_items(b.batch)} (tried {'; '.join(tried)})"}
+    return {"speedup": best_rate / base, "double_speedup": first, "best": best, "tried": tried, "points": points}
+
+
+def _batch_result(got: dict, b: _Bench) -> dict:
+    """The batch lever as reported: the best batch in words, no tensors."""
+    best, tried = got.pop("best"), got.pop("tried")
+    got["what"] = (f"batch {_items(best)} instead of {_items(b.batch)}" if best is not None else
+                   f"no larger batch than {_items(b.batch)} was faster") + f" (tried {'; '.join(tried)})"
+    return got
+
+
+def _more_batch(b: _Bench, base: float, got: dict, memory_limit_mb) -> dict:
+    """With budget left after the other levers, keep doubling from the best batch so far (twice more at most)."""
+    if b.left() <= 0 or got["best"] is None or got["speedup"] < WORTH:
+        return got
+    more = _lever_batch(b, base, memory_limit_mb, doublings=2, start=got["best"])
+    if isinstance(more, str):
+        got["tried"].append(more.removeprefix("batch "))
+    else:
+        if more["speedup"] > got["speedup"]:
+            got.update(speedup=more["speedup"], best=more["best"])
+        got["tried"] += more["tried"]
+        got["points"].update(more["points"])
+    return got
+
+
+def doubling_gain(points: dict, batch: int) -> float:
+    """Items/s at twice ``batch`` over items/s at ``batch``, from a line ``seconds = a + b × size`` fitted through the
+    measured step times (``{size: seconds}``): one ratio is noisy, a line through all the sizes tried is steadier.
+    With the fixed part's share ``f = a / t(batch)`` it is ``2 / (2 - f)`` (notebook 10)."""
+    from .profiling import linear_fit
+
+    fixed, per_item = linear_fit(points)
+    share = min(max(fixed / (fixed + per_item * batch), 0.0), 0.99)
+    return 2 / (2 - share)
 
 
 def _lever_compile(b: _Bench, base: float) -> dict | str:
@@ -338,10 +375,10 @@ def classify(phase_ms: dict, input_rate: float, model_rate: float, batch_gain: f
                          f"({rates})")
     if batch_gain is not None and batch_gain >= OVERHEAD_GAIN:
         fixed = 2 - 2 / batch_gain  # t(B) = a + bB and t(2B) = a + 2bB give a / t(B) = 2 - 2 / gain
-        return "overhead", (f"twice the batch gives {batch_gain:.2f}× the items/s, so about {fixed:.0%} of the step "
+        return "overhead", (f"twice the batch gives about {batch_gain:.2f}× the items/s, so about {fixed:.0%} of the step "
                             "costs the same whatever the batch (operator launches, Python, small kernels, the "
                             "optimizer's update): lesson 09 would call it launch-bound on a GPU")
-    gain = f"; twice the batch gives only {batch_gain:.2f}× the items/s" if batch_gain is not None else ""
+    gain = f"; twice the batch gives only about {batch_gain:.2f}× the items/s" if batch_gain is not None else ""
     return "compute", f"forward, backward and optimizer take {1 - wait - copy_:.0%} of the step{gain}"
 
 
@@ -398,6 +435,8 @@ def _measure_levers(b: _Bench, loader, base: float, step_rate: float, names, mem
             got = f"failed on this model: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
         free_memory(b.device)
         (skipped if isinstance(got, str) else measured)[name] = got
+    if "batch" in measured:
+        measured["batch"] = _batch_result(_more_batch(b, base, measured["batch"], memory_limit_mb), b)
     return measured, skipped
 
 
@@ -432,13 +471,14 @@ def diagnose(model: nn.Module, loader, loss_fn=None, optimizer=None, device="aut
         base = b.rate()
         measured, skipped = _measure_levers(b, loader, base, step_rate, levers or default_levers(device),
                                             memory_limit_mb)
-    gain = measured.get("batch", {}).get("double_speedup")
+    batch_lever = measured.get("batch")
+    gain = doubling_gain(batch_lever["points"], _items(batch)) if batch_lever else None
     bottleneck, reason = classify(phase_ms, input_rate, base, gain)
     step = sum(phase_ms.values())
     idle = (phase_ms["data wait"] + phase_ms["host to device"]) / step
     return Diagnosis(str(device), _items(batch), bottleneck, reason, {k: round(v, 3) for k, v in phase_ms.items()},
                      idle, input_rate, base, measured, skipped, recommend(measured, phase_ms, input_rate / step_rate),
-                     time.perf_counter() - t0)
+                     time.perf_counter() - t0, gain)
 
 
 def main(argv=None) -> int:

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from helpers.diagnose import classify, diagnose, recommend
+from helpers.diagnose import classify, diagnose, doubling_gain, recommend
 
 
 class SlowDataset(Dataset):
@@ -95,6 +95,8 @@ def test_a_bigger_batch_that_does_not_fit_is_reported_as_such():
 def test_classify_and_recommend_follow_the_measurements():
     phases = {"data wait": 1.0, "host to device": 0.1, "forward": 3.0, "backward": 5.0, "optimizer": 1.0}
     assert classify(phases, 1e5, 1e3, 1.5)[0] == "overhead"
+    assert doubling_gain({8: 8.0, 16: 12.0, 32: 20.0}, 8) == pytest.approx(4 / 3)  # t = 4 + 0.5 B: half is fixed
+    assert doubling_gain({8: 8.0, 16: 16.0}, 8) == pytest.approx(1.0)  # no fixed part: twice the batch, same items/s
     assert "about 67% of the step costs the same whatever the batch" in classify(phases, 1e5, 1e3, 1.5)[1]  # 2 - 2/1.5
     assert classify(phases, 1e5, 1e3, 1.2)[0] == "compute"
     assert classify(phases, 500, 1e3, 1.1)[0] == "input"
