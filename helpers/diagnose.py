@@ -350,9 +350,8 @@ def _lever_compile(b: _Bench, base: float) -> dict | str:
         return f"torch.compile failed here: {out['error']}"
     steps = out["break_even_steps"]
     return {"speedup": out["speedup"], "compile_seconds": out["compile_seconds"], "break_even_steps": steps,
-            "what": f"torch.compile (timed with SGD and cross-entropy; {out['compile_seconds']:.0f} s to compile, pays "
-                    "back after "
-                    + (f"{steps:.0f} steps)" if steps else "never: it is not faster)")}
+            "what": f"torch.compile (timed with SGD and cross-entropy; {out['compile_seconds']:.0f} s to compile; "
+                    + (f"pays back after {steps:.0f} steps)" if steps else "not faster, so it never pays back)")}
 
 
 def classify(phase_ms: dict, input_rate: float, model_rate: float, batch_gain: float | None) -> tuple[str, str]:

@@ -53,7 +53,8 @@ def _slot(seconds: float | None) -> int:
     return int(5 * math.ceil((TEACH_MIN + run) / 5))
 
 
-def agenda(data: dict, stems: list[str], mode: str, start_h: float) -> list[str]:
+def agenda(data: dict, stems: list[str], mode: str, start_h: float, pause: str = "break",
+           pause_min: int = 15) -> list[str]:
     rows = ["| time | lesson | run time (measured, CPU " + mode + ") | slot |", "|---|---|---|---|"]
     clock = start_h * 60
     for i, stem in enumerate(stems):
@@ -62,8 +63,8 @@ def agenda(data: dict, stems: list[str], mode: str, start_h: float) -> list[str]
         rows.append(f"| {int(clock // 60):02d}:{int(clock % 60):02d} | {stem} | {duration(run)} | {slot} min |")
         clock += slot
         if i == len(stems) // 2 - 1:
-            rows.append(f"| {int(clock // 60):02d}:{int(clock % 60):02d} | break | | 15 min |")
-            clock += 15
+            rows.append(f"| {int(clock // 60):02d}:{int(clock % 60):02d} | {pause} | | {pause_min} min |")
+            clock += pause_min
     rows.append(f"| {int(clock // 60):02d}:{int(clock % 60):02d} | end | | |")
     return rows
 
@@ -79,7 +80,7 @@ def instructors(data: dict) -> str:
     half = [s for s in lessons if s[:2] in ("00", "01", "02", "03", "06")]
     return template.format(
         teach_min=TEACH_MIN, where="\n".join(where),
-        one_day="\n".join(agenda(data, lessons, "quick", 9.0)),
+        one_day="\n".join(agenda(data, lessons, "quick", 9.0, "lunch", 45)),
         half_day="\n".join(agenda(data, half, "quick", 9.0)))
 
 
