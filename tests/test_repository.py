@@ -141,3 +141,15 @@ def test_promote_reference_copies_full_mode_results_only(tmp_path, monkeypatch):
     assert promote_reference.main([str(src)]) == 0
     assert [p.name for p in (tmp_path / "reference" / "1x-test-gpu").iterdir()] == ["02_demo.json"]
     assert promote_reference.main([str(tmp_path / "empty")]) == 2
+
+
+def test_budget_shares_cover_every_notebook_and_add_up_to_the_budget():
+    """make gpu-check's BUDGET_MIN is split over the notebooks: every notebook gets a share, and they sum to 1."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import run_course
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    prefixes = {nb.name[:2] for nb in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")}
+    assert set(run_course.BUDGET_SHARE) == prefixes
+    assert abs(sum(run_course.BUDGET_SHARE.values()) - 1.0) < 1e-9

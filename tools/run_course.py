@@ -21,8 +21,8 @@ from helpers.results import write_report
 
 
 # Share of a --budget-min time budget each notebook gets (its `budget_s` parameter); the CIFAR lessons train.
-BUDGET_SHARE = {"00": 0.02, "01": 0.07, "02": 0.07, "03": 0.05, "04": 0.07, "05": 0.30, "06": 0.13, "07": 0.15,
-                "08": 0.07, "09": 0.07}
+BUDGET_SHARE = {"00": 0.02, "01": 0.07, "02": 0.07, "03": 0.05, "04": 0.07, "05": 0.27, "06": 0.12, "07": 0.14,
+                "08": 0.07, "09": 0.07, "10": 0.05}
 
 
 def notebooks(only: str | None) -> list[Path]:
