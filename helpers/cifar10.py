@@ -296,12 +296,12 @@ def image_files(cifar10_dir, per_class: int, scratch: Path) -> tuple[FileImageDa
         for i, (img, label) in enumerate(zip(data.images, data.labels)):
             (scratch / str(int(label))).mkdir(parents=True, exist_ok=True)
             write_png(img, str(scratch / str(int(label)) / f"{i}.png"))
-        tree, source = None, f"synthetic PNG files in {scratch} (no CIFAR-10 image folder here)"
     root = tree / "train" if tree else scratch
     files, labels = [], []
     for label, folder in enumerate(sorted(p for p in root.iterdir() if p.is_dir())):
         mine = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)[:per_class]
         files += mine
         labels += [label] * len(mine)
-    return FileImageDataset(files, labels, cifar10_transform(train=True)), (f"CIFAR-10 image files in {root}"
-                                                                             if tree else source)
+    source = (f"CIFAR-10 image files in {root}" if tree else
+              f"synthetic PNG files in {root} (no CIFAR-10 image folder here)")
+    return FileImageDataset(files, labels, cifar10_transform(train=True)), source

@@ -4,8 +4,9 @@
     python -m helpers.diagnose my_training.py [--device D] [--budget-s S] [--json]
 
 It measures, on copies of the learner's model and optimizer (the originals, and the global random generators of
-torch, CUDA, Python and NumPy, are left as they were; a loader's own generator moves on as in any epoch): the step's phases, the input pipeline alone and the model alone, then the same step with each lever the
-course teaches that applies on this device, as a ratio of items per second. Levers it cannot measure are listed
+torch, CUDA, Python and NumPy, are left as they were; a loader's own generator moves on as in any epoch): the
+step's phases, the input pipeline alone and the model alone, then the same step with each lever the course teaches
+that applies on this device, as a ratio of items per second. Levers it cannot measure are listed
 with the reason. The file given to the command line defines ``make_model()``, ``make_loader()``,
 ``make_optimizer(model)`` and optionally ``loss_fn`` and ``host_inputs`` (input positions kept on the CPU).
 """
@@ -25,8 +26,9 @@ import torch
 from torch import nn
 
 from .devices import pick_device, synchronize, usable_cpus
-from .profiling import INPUT_BOUND_SHARE, free_memory, phase, profiler_peak_mb
-from .training import _rng_state, _set_rng_state, resolve_amp, split_batch
+from .profiling import INPUT_BOUND_SHARE, annotated_step, forever, free_memory, profiler_peak_mb
+from .timing import time_train_step
+from .training import _rng_state, _set_rng_state, make_scaler, optimizer_step, resolve_amp, split_batch
 
 LESSON = {"workers": "04", "pinned": "03", "amp": "06", "channels_last": "06", "batch": "05 and 09",
           "compile": "08"}
@@ -35,7 +37,7 @@ CAVEAT = {"amp": "lower precision: check the accuracy (lesson 06)",
                    "the accuracy",
           "compile": "pays back only after the break-even number of steps"}
 BOTTLENECK_LESSON = {"input": "04", "transfer": "03", "overhead": "08", "compute": "06 and 08", "memory": "09"}
-INPUT_SHARE = INPUT_BOUND_SHARE  # data wait (or the host→device copy) this share of the step: input- (transfer-) bound, as in 09
+INPUT_SHARE = INPUT_BOUND_SHARE  # data wait + host→device copy this share of the step: input-/transfer-bound (09)
 OVERHEAD_GAIN = 4 / 3  # twice the batch gives this many times the items/s or more: a fixed cost is half the step
 WORTH = 1.05           # a lever is recommended from this measured speed-up on
 
@@ -66,7 +68,8 @@ class Diagnosis:
         head = f"**Bottleneck: {self.bottleneck}** — {self.reason} (lesson {BOTTLENECK_LESSON[self.bottleneck]})."
         if self.bottleneck == "memory":
             return (f"{head}\n\nNothing else was measured. Lesson 09's levers: a smaller batch, activation "
-                    f"checkpointing, mixed precision, sharding the model (FSDP2).\n\n(diagnosis took {self.seconds:.0f} s)")
+                    "checkpointing, mixed precision, sharding the model (FSDP2).\n\n"
+                    f"(diagnosis took {self.seconds:.0f} s)")
         lines = [head, "", f"Device `{self.device}`, batch {self.batch_size}; step phases (ms): " +
                  ", ".join(f"{k} {v:.1f}" for k, v in self.phase_ms.items()) +
                  f"; the device waits {self.idle_share:.0%} of the step.",
@@ -114,69 +117,24 @@ def _on_device(batch, device, host_inputs) -> list:
     return [*inputs, target]
 
 
-def _step(model, optimizer, batch, device, loss_fn, host_inputs, amp=None, channels_last=False):
+def _step(model, optimizer, batch, device, loss_fn, host_inputs) -> None:
+    """One plain training step (``training.optimizer_step``), to see whether a batch fits."""
     inputs, target = split_batch(batch, device, host_inputs)
-    if channels_last:
-        inputs = [x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x for x in inputs]
-    with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
-        loss = loss_fn(model(*inputs), target)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    optimizer.step()
-
-
-def _items_per_s(model, optimizer, batch, device, loss_fn, host_inputs, seconds: float, **kw) -> float:
-    """Items/s of the step on one fixed batch (the model alone), timed for about ``seconds`` after a warm-up."""
-    _step(model, optimizer, batch, device, loss_fn, host_inputs, **kw)
-    synchronize(device)
-    times = []
-    deadline = time.perf_counter() + seconds
-    while len(times) < 3 or (time.perf_counter() < deadline and len(times) < 50):
-        t0 = time.perf_counter()
-        _step(model, optimizer, batch, device, loss_fn, host_inputs, **kw)
-        synchronize(device)
-        times.append(time.perf_counter() - t0)
-    return _items(batch) / statistics.median(times)
+    optimizer_step(model, optimizer, inputs, target, loss_fn=loss_fn, scaler=make_scaler(device, None), device=device)
 
 
 def _phases(model, optimizer, loader, device, loss_fn, host_inputs, steps: int) -> tuple[dict, float]:
-    """Median ms per phase over ``steps`` real steps fed by ``loader`` (after one warm-up), and items/s."""
-    rows, items, batches = [], 0, _forever(loader)
-    for i in range(steps + 1):
-        times = {}
-        with phase("data wait", device, times):
-            batch = next(batches)
-        with phase("host to device", device, times):
-            inputs, target = split_batch(batch, device, host_inputs)
-        with phase("forward", device, times):
-            loss = loss_fn(model(*inputs), target)
-        with phase("backward", device, times):
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-        with phase("optimizer", device, times):
-            optimizer.step()
-        if i:
-            rows.append(times)
-            items += _items(batch)
+    """Median ms per phase over ``steps`` real steps fed by ``loader`` (after one warm-up), and items/s over them."""
+    sizes = []
+    batches = (sizes.append(_items(batch)) or batch for batch in forever(loader))  # notes each size drawn
+    rows = [annotated_step(model, optimizer, batches, device, loss_fn, host_inputs) for _ in range(steps + 1)][1:]
     phase_ms = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-    return phase_ms, items / (sum(sum(r.values()) for r in rows) / 1e3)
-
-
-def _forever(loader):
-    """Batches epoch after epoch; a loader that yields nothing in a pass is an error, not an endless loop."""
-    while True:
-        empty = True
-        for batch in loader:
-            empty = False
-            yield batch
-        if empty:
-            raise ValueError("the loader yielded no batch: diagnose needs a loader that can be iterated again, "
-                             "epoch after epoch (a DataLoader, not a one-shot iterator)")
+    return phase_ms, sum(sizes[1:]) / (sum(sum(r.values()) for r in rows) / 1e3)
 
 
 def input_items_per_s(loader, device, seconds: float = 2.0) -> float:
     """Items/s the input pipeline alone delivers, batches moved to ``device`` (start-up excluded) (notebook 10)."""
-    batches = _forever(loader)
+    batches = forever(loader)
     next(batches)
     seen, t0 = 0, time.perf_counter()
     while seen == 0 or time.perf_counter() - t0 < seconds:
@@ -222,11 +180,12 @@ class _Bench:
         return self.deadline - time.perf_counter()
 
     def rate(self, batch=None, seconds: float = 1.0, **kw) -> float:
+        """Items/s of the model alone on a fixed batch (``timing.time_train_step``, on fresh copies); ``kw``: amp,
+        channels_last."""
         model, opt = copy.deepcopy((self.model, self.optimizer))
-        if kw.get("channels_last"):
-            model = model.to(memory_format=torch.channels_last)
-        return _items_per_s(model, opt, self.batch if batch is None else batch, self.device, self.loss_fn,
-                            self.host_inputs, seconds, **kw)
+        return time_train_step(model, self.batch if batch is None else batch, self.device, optimizer=opt,
+                               loss_fn=self.loss_fn, host_inputs=self.host_inputs, warmup=1, min_run_time=seconds,
+                               **kw).items_per_s
 
 
 def _lever_amp(b: _Bench, base: float) -> dict | str:
@@ -247,8 +206,6 @@ def _lever_pinned(b: _Bench, base: float) -> dict | str:
         return f"no host→device copy to speed up on `{b.device}`"
     if not all(x.device.type == "cpu" for x in b.host_batch if isinstance(x, torch.Tensor)):
         return "the loader's batches are already on the device: nothing is copied"
-    from .timing import time_train_step
-
     def run(pinned):
         model, opt = copy.deepcopy((b.model, b.optimizer))
         return time_train_step(model, b.host_batch, b.device, optimizer=opt, loss_fn=b.loss_fn, host_inputs=b.host_inputs,
@@ -257,14 +214,12 @@ def _lever_pinned(b: _Bench, base: float) -> dict | str:
 
 
 def _lever_workers(b: _Bench, loader, step_rate: float) -> dict | str:
-    from torch.utils.data import DataLoader
-
-    if not isinstance(loader, DataLoader):
-        return "the loader is not a DataLoader (batches made in the training process or on the device)"
-    from torch.utils.data import IterableDataset
+    from torch.utils.data import DataLoader, IterableDataset
 
     from .devices import loader_workers
 
+    if not isinstance(loader, DataLoader):
+        return "the loader is not a DataLoader (batches made in the training process or on the device)"
     if isinstance(loader.dataset, IterableDataset):
         return "an IterableDataset: its workers would each need their own share of the stream"
     have, want = loader.num_workers, loader_workers()
@@ -283,8 +238,9 @@ def _lever_workers(b: _Bench, loader, step_rate: float) -> dict | str:
 def _lever_batch(b: _Bench, base: float, memory_limit_mb, doublings: int = 1, start=None) -> dict | str:
     """Double the batch (from ``start``, else the loader's) while it fits — the step is run once first, so out of
     memory is caught, never a crash — and while doubling still pays (5 % more items/s), ``doublings`` times at
-    most. ``speedup`` is the best batch's items/s over the loader's batch; ``double_speedup`` the first doubling's
-    gain, which ``classify`` reads. ``diagnose`` doubles once first and more at the end if the budget allows."""
+    most. ``speedup`` is the best batch's items/s over the loader's batch, ``double_speedup`` the first doubling's
+    gain, ``points`` the step seconds by batch size (``doubling_gain`` fits them for ``classify``). ``diagnose``
+    doubles once first and more at the end if the budget allows."""
     batch = b.batch if start is None else start
     best, best_rate, tried, first, last = None, base, [], None, base if start is None else b.rate(start)
     points = {_items(batch): _items(batch) / last}  # batch size -> seconds per step
@@ -357,9 +313,10 @@ def _lever_compile(b: _Bench, base: float) -> dict | str:
 def classify(phase_ms: dict, input_rate: float, model_rate: float, batch_gain: float | None) -> tuple[str, str]:
     """The bottleneck (``input``, ``transfer``, ``overhead``, ``compute``) and the measured reason (notebook 10).
 
-    Input: waiting for data takes ``INPUT_SHARE`` of the step, or the pipeline alone is slower than the model
-    alone. Transfer: the host→device copy takes that share. Overhead: twice the batch gives ``OVERHEAD_GAIN``
-    times the items/s (the per-step fixed cost dominates). Otherwise compute. (``memory``, the step not fitting,
+    Input: the pipeline alone is slower than the model alone, or waiting for data and the host→device copy
+    together take ``INPUT_SHARE`` of the step (lesson 09's rule), mostly waiting. Transfer: the same, mostly
+    copying. Overhead: twice the batch gives ``OVERHEAD_GAIN`` times the items/s (``doubling_gain``: the per-step
+    fixed cost is half the step or more). Otherwise compute. (``memory``, the step not fitting,
     is decided before any of this.)
     """
     step = sum(phase_ms.values())
@@ -416,8 +373,9 @@ COMPILE_MIN_S = 20  # compiling takes seconds even on a GPU: not started with le
 
 
 def _measure_levers(b: _Bench, loader, base: float, step_rate: float, names, memory_limit_mb) -> tuple[dict, dict]:
-    runs = {"batch": lambda: _lever_batch(b, base, memory_limit_mb), "channels_last": lambda: _lever_channels_last(b, base),
-            "amp": lambda: _lever_amp(b, base), "pinned": lambda: _lever_pinned(b, base),
+    runs = {"batch": lambda: _lever_batch(b, base, memory_limit_mb),
+            "channels_last": lambda: _lever_channels_last(b, base), "amp": lambda: _lever_amp(b, base),
+            "pinned": lambda: _lever_pinned(b, base),
             "workers": lambda: _lever_workers(b, loader, step_rate), "compile": lambda: _lever_compile(b, base)}
     measured, skipped = {}, {}
     for name in runs:  # batch first: classify needs it

@@ -28,6 +28,7 @@ from torch.profiler import ProfilerActivity, profile, record_function, schedule
 from torch.utils.checkpoint import checkpoint
 
 from .devices import synchronize
+from .training import split_batch
 
 PHASES = ("data wait", "host to device", "forward", "backward", "optimizer")
 PHASE_PREFIX = "phase/"       # record_function names: "phase/forward", ...
@@ -64,15 +65,18 @@ def phase(name: str, device: torch.device, times: dict):
         times[name] = (time.perf_counter() - t0) * 1e3
 
 
-def annotated_step(model: nn.Module, optimizer, batches, device: torch.device, loss_fn=None) -> dict:
-    """One training step from the iterator ``batches``, phase by phase; returns each phase's ms (notebook 09)."""
+def annotated_step(model: nn.Module, optimizer, batches, device: torch.device, loss_fn=None, host_inputs=()) -> dict:
+    """One training step from the iterator ``batches``, phase by phase; returns each phase's ms (notebooks 09, 10).
+
+    A batch is ``(*inputs, target)``; the inputs numbered in ``host_inputs`` stay on the CPU (as in ``fit``).
+    """
     loss_fn, times = loss_fn or nn.CrossEntropyLoss(), {}
     with phase("data wait", device, times):
-        x, y = next(batches)
+        batch = next(batches)
     with phase("host to device", device, times):
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        inputs, target = split_batch(batch, device, host_inputs)  # non_blocking copies, as fit makes them
     with phase("forward", device, times):
-        loss = loss_fn(model(x), y)
+        loss = loss_fn(model(*inputs), target)
     with phase("backward", device, times):
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -81,10 +85,17 @@ def annotated_step(model: nn.Module, optimizer, batches, device: torch.device, l
     return times
 
 
-def _forever(loader):
-    """Batches from ``loader``, epoch after epoch (a fresh iterator each epoch, unlike ``itertools.cycle``)."""
+def forever(loader):
+    """Batches from ``loader``, epoch after epoch (a fresh iterator each epoch, unlike ``itertools.cycle``);
+    a loader that yields nothing in a pass is an error, not an endless loop (notebooks 09, 10)."""
     while True:
-        yield from loader
+        empty = True
+        for batch in loader:
+            empty = False
+            yield batch
+        if empty:
+            raise ValueError("the loader yielded no batch: it must be iterable again, epoch after epoch "
+                             "(a DataLoader or a list of batches, not a one-shot iterator)")
 
 
 @dataclass
@@ -108,7 +119,7 @@ def profile_training(model: nn.Module, loader, device: str | torch.device, *, op
     """
     device = torch.device(device)
     model.to(device).train()
-    batches, run = _forever(loader), ProfileRun(None, None)
+    batches, run = forever(loader), ProfileRun(None, None)
     quiet_profiler(device)
     prof = profile(activities=activities(device), schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
                    profile_memory=profile_memory) if enabled else None

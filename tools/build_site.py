@@ -82,17 +82,14 @@ def provenance(results_dir: Path, stem: str, nb) -> str:
             f"device `{rec['device']}`, torch {hw.get('torch')}, {mode}, {rec['timestamp'][:10]}.")
 
 
-def hide_solutions(nb, stem: str) -> int:
-    """Replace the output of every solution cell with a pointer to the solution file; returns how many."""
-    hidden = 0
+def hide_solutions(nb, stem: str) -> None:
+    """Replace the output of every solution cell with a pointer to the solution file."""
     for cell in nb.cells:
         if cell.cell_type == "code" and SOLUTION_CALL.search(cell.source):
             cell.outputs = [nbformat.v4.new_output("display_data", data={
                 "text/markdown": f"*The solution is not shown on this site: try the exercise first. It is in "
                                  f"`solutions/{stem}.py`, and the notebook shows it when you run this cell.*",
                 "text/plain": "(solution hidden)"})]
-            hidden += 1
-    return hidden
 
 
 WIDGET = "application/vnd.jupyter.widget-view+json"
@@ -109,7 +106,8 @@ def drop_widgets(nb) -> None:
                         or o.get("data")]
 
 
-def lesson_page(executed: Path, results_dir: Path, dest: Path) -> None:
+def lesson_page(executed: Path, results_dir: Path, dest: Path) -> str:
+    """Write the page's notebook (solutions hidden, widgets as text, links and hardware line); returns that line."""
     nb = nbformat.read(executed, as_version=4)
     nb.cells = [c for c in nb.cells if "injected-parameters" not in c.metadata.get("tags", [])]
     stem = executed.stem
@@ -121,11 +119,13 @@ def lesson_page(executed: Path, results_dir: Path, dest: Path) -> None:
             cell.source = _relink(cell.source, lessons)
     title = next(c for c in nb.cells if c.cell_type == "markdown")  # its first line is the lesson's "# " title
     head, _, rest = title.source.partition("\n")
-    title.source = f"{head}\n\n> {provenance(results_dir, stem, nb)}\n{rest}"
+    line = provenance(results_dir, stem, nb)
+    title.source = f"{head}\n\n> {line}\n{rest}"
     for cell in nb.cells:
         cell.pop("id", None)
     nb.nbformat_minor = 4  # ids dropped: the copy is written as nbformat 4.4
     nbformat.write(nb, dest)
+    return line
 
 
 def _relink(markdown: str, lessons: set[str]) -> str:
@@ -159,9 +159,8 @@ def write_sources(src: Path, executed_dir: Path, results_dir: Path) -> list[str]
         executed = executed_dir / nb.name
         if not executed.exists():
             raise SystemExit(f"error: {executed} is missing: run `make run` (or `make site`, which runs it) first")
-        lesson_page(executed, results_dir, src / nb.name)
         lessons.append(nb.name)
-        lines.append((nb.stem, provenance(results_dir, nb.stem, nbformat.read(executed, as_version=4))))
+        lines.append((nb.stem, lesson_page(executed, results_dir, src / nb.name)))
     instructors = ROOT / "docs" / "instructors.md"
     text = instructors.read_text(encoding="utf-8") if instructors.exists() else "# Instructors\n\nNot written yet.\n"
     (src / "instructors.md").write_text(_relink(text, set(lessons)), encoding="utf-8")

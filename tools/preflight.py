@@ -46,32 +46,20 @@ class Report:
         return "\n".join(out + [""])
 
 
-def _matmul_tflops(device, dtype, n: int = 2048, reps: int = 5) -> float:
-    import torch
-
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    a @ b  # warm-up: library load, kernel choice
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        a @ b
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return 2 * n**3 * reps / (time.perf_counter() - t0) / 1e12
-
-
 def check_torch(r: Report) -> None:
     import torch
 
     from helpers.devices import _nvidia_driver, cpu_bf16_native, usable_cpus
+    from helpers.regimes import matmul_rate
     from helpers.training import cuda_bf16_native
+
+    def tflops(device, dtype, n: int = 2048) -> float:  # lesson 08's timed matmul, in TFLOP/s
+        return matmul_rate(n, device, dtype)["gflops"] / 1e3
 
     r.fact("Python", sys.version.split()[0])
     r.fact("torch", f"{torch.__version__} (CUDA build {torch.version.cuda or 'none'})")
     r.fact("CPU", f"{usable_cpus()} usable cores, bf16 instructions: {'yes' if cpu_bf16_native() else 'no'}, "
-                  f"fp32 matmul {_matmul_tflops(torch.device('cpu'), torch.float32, n=1024, reps=3) * 1e3:.0f} GFLOP/s")
+                  f"fp32 matmul {tflops('cpu', torch.float32, n=1024) * 1e3:.0f} GFLOP/s")
     if not torch.cuda.is_available():
         r.fact("GPUs", "none (CUDA not available): the course runs on the CPU; GPU lessons show reference results")
         return
@@ -80,8 +68,8 @@ def check_torch(r: Report) -> None:
         dev = torch.device("cuda", i)
         p = torch.cuda.get_device_properties(i)
         try:
-            fp32 = _matmul_tflops(dev, torch.float32)
-            bf16 = _matmul_tflops(dev, torch.bfloat16) if cuda_bf16_native(dev) else None
+            fp32 = tflops(dev, torch.float32)
+            bf16 = tflops(dev, torch.bfloat16) if cuda_bf16_native(dev) else None
         except RuntimeError as exc:
             r.problem(BLOCKS, f"GPU {i} ({p.name}) failed a matmul: {str(exc)[:100]}",
                       "check `nvidia-smi`; another job may hold the GPU, or the driver is older than torch's CUDA")
