@@ -205,19 +205,21 @@ class DeviceLoader:
     """The whole image set on the device as ``uint8`` (CIFAR-10's 50,000 images: 150 MB), batches made there.
 
     A drop-in for a ``DataLoader`` in ``fit``: each epoch a permutation (the same on every rank, like
-    ``DistributedSampler``: ``rank`` takes every ``world``-th index), then per batch an index gather, crop + flip
-    with a generator on the device (seeded from ``seed``, ``rank`` and the epoch: every rank draws *different*
-    augmentation, and an epoch replays identically on resume), normalisation, optional channels-last. No worker
-    processes and no host-to-device copy per step, so the GPU, not the CPU, sets the pace (notebooks 04-07).
+    ``DistributedSampler``: ``rank`` takes every ``world``-th index), then per batch an index gather, crop
+    (±``padding`` pixels) + flip with a generator on the device (seeded from ``seed``, ``rank`` and the epoch: every
+    rank draws *different* augmentation, and an epoch replays identically on resume), normalisation, optional
+    channels-last. No worker processes and no host-to-device copy per step, so the GPU, not the CPU, sets the pace
+    (notebooks 04-07).
     """
 
     def __init__(self, data: "ImageSet", batch_size: int, *, device="cpu", augment: bool = True,
                  shuffle: bool = True, seed: int = 0, rank: int = 0, world: int = 1, channels_last: bool = False,
-                 drop_last: bool = False):
+                 drop_last: bool = False, padding: int = 4):
         self.device = torch.device(device)
         self.images, self.labels = data.images.to(self.device), data.labels.to(self.device)
         self.batch_size, self.augment, self.shuffle, self.seed = batch_size, augment, shuffle, seed
         self.rank, self.world, self.channels_last, self.drop_last = rank, world, channels_last, drop_last
+        self.padding = padding
         self.epoch = 0
         self.dataset = data  # what len(loader.dataset) reports, as for a DataLoader
 
@@ -242,7 +244,7 @@ class DeviceLoader:
         for b in range(len(self)):
             idx = mine[b * self.batch_size:(b + 1) * self.batch_size]
             x = self.images[idx]
-            x = normalize(crop_flip(x, generator=gen) if self.augment else x)
+            x = normalize(crop_flip(x, padding=self.padding, generator=gen) if self.augment else x)
             if self.channels_last:
                 x = x.contiguous(memory_format=torch.channels_last)
             yield x, self.labels[idx]

@@ -190,15 +190,18 @@ def lr_curves(curves: dict, *, title: str = "", steps_per_epoch: int | None = No
     return ax
 
 
-def recipe_histories(runs: dict, *, title: str = "", ax=None):
+def recipe_histories(runs: dict, *, title: str = "", minutes: bool = False, ax=None):
     """Training and validation accuracy, and learning rate, per epoch for named runs (notebook 05).
 
     ``runs`` maps a name to a ``History.state_dict()``; ``ax`` is a pair ``(accuracy_axes, lr_axes)``.
+    ``minutes=True`` puts each epoch's end at the training minutes spent so far (runs of equal time compared).
     """
+    import itertools
+
     ax = _axes(ax, (12, 3.8), ncols=2)
     for k, (name, hist) in enumerate(runs.items()):
         ep = hist["epochs"]
-        xs = [e["epoch"] for e in ep]
+        xs = list(itertools.accumulate(e["seconds"] / 60 for e in ep)) if minutes else [e["epoch"] for e in ep]
         ax[0].plot(xs, [100 * e["train_accuracy"] for e in ep], "o-", ms=3, color=f"C{k}", label=f"{name}: training")
         ax[0].plot(xs, [100 * e.get("val_accuracy", float("nan")) for e in ep], "s--", ms=3, color=f"C{k}",
                    label=f"{name}: validation")
@@ -206,7 +209,7 @@ def recipe_histories(runs: dict, *, title: str = "", ax=None):
     ax[0].set_ylabel("accuracy (%)")
     ax[1].set_ylabel("learning rate at epoch end")
     for a in ax:
-        a.set_xlabel("epoch")
+        a.set_xlabel("minutes of training" if minutes else "epoch")
         _finish(a)
     if title:
         ax[0].figure.suptitle(title, fontsize="small")

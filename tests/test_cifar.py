@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from helpers.cifar10 import (CIFAR10_CLASSES, ImageTensorDataset, cifar10_transform, load_cifar10, synthetic_images)
-from helpers.models import ConvBlockNet
+from helpers.models import CompactNet, ConvBlockNet, FlipAverage, whitening_filters
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +66,42 @@ def test_conv_block_net_matches_the_matlab_layout():
     small = ConvBlockNet((8, 16), depth=1, batch_norm=False)
     assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in small.modules())
     assert small(torch.randn(1, 3, 32, 32)).shape == (1, 10)
+
+
+def test_whitening_filters_decorrelate_the_patches_they_were_fit_on():
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(64, 1, 16, 16, generator=g)
+    images = torch.cat([base, 0.5 * base + 0.1 * torch.randn(64, 1, 16, 16, generator=g),
+                        torch.randn(64, 1, 16, 16, generator=g)], dim=1)  # channels 0 and 1 strongly correlated
+    w = whitening_filters(images, eps=0.0)
+    assert w.shape == (24, 3, 2, 2) and torch.equal(w[12:], -w[:12])
+    out = torch.nn.functional.conv2d(images, w[:12]).permute(0, 2, 3, 1).reshape(-1, 12)
+    assert torch.allclose(torch.cov(out.T), torch.eye(12), atol=1e-3)  # uncorrelated, unit variance
+
+
+def test_compact_net_freezes_its_whitening_layer_and_costs_a_fifth_of_the_flops():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    net = CompactNet().init_whitening(torch.randn(100, 3, 32, 32))
+    assert not net.whiten.weight.requires_grad and net.whiten.bias.requires_grad
+    x = torch.randn(4, 3, 32, 32)
+    net(x).sum().backward()
+    assert net.whiten.weight.grad is None and net.head.weight.grad is not None
+    flops = []
+    for model in (net, ConvBlockNet()):
+        with FlopCounterMode(display=False) as counter:
+            model(x[:1])
+        flops.append(counter.get_total_flops())
+    assert 4 < flops[1] / flops[0] < 6, flops
+    assert CompactNet((8, 16, 16), n_classes=3)(x).shape == (4, 3)
+
+
+def test_flip_average_adds_the_mirror_images_logits():
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 2))
+    x = torch.randn(5, 1, 3, 4)
+    assert torch.allclose(FlipAverage(net)(x), net(x) + net(x.flip(3)))
+    assert not torch.allclose(net(x), net(x.flip(3)))
 
 
 def test_stand_in_only_in_quick_mode(tmp_path, monkeypatch):

@@ -155,8 +155,8 @@ def test_budget_chooses_epochs_from_the_measured_speed(capsys):
     args = distributed._parse(["--synthetic", "64", "--budget-min", "10", "--val-limit", "3000"])
     me = distributed.Rank(0, 0, 2, torch.device("cpu"), "gloo", use_pg=False)
     # 50,000 images over 2 ranks at 1,000 images/s: 25 s per epoch + 1 s validating 3,000 images
-    assert distributed._budget_epochs(args, me, {"model_images_per_s": 1000.0}, 50000) == int(600 * 0.9 / 26)
-    assert "→ 20 epochs" in capsys.readouterr().out
+    assert distributed._budget_epochs(args, me, {"model_images_per_s": 1000.0}, 50000) == int(600 * 0.95 / 26) == 21
+    assert "→ 21 epochs" in capsys.readouterr().out
     args.budget_min = 0
     assert distributed._budget_epochs(args, me, {}, 50000) == args.epochs
 
@@ -171,3 +171,35 @@ def test_budget_run_end_to_end(tmp_path):
     rec = json.loads(out.read_text())
     assert rec["epochs"] >= 1 and len(rec["history"]["epochs"]) == rec["epochs"]
     assert rec["input_images_per_s"] > 0 and rec["model_images_per_s"] > 0 and "input_bound" in rec
+
+
+def test_compact_recipe_runs_end_to_end_with_test_time_flips(tmp_path):
+    """--model compact: whitened first layer frozen (not in the optimizer), Nesterov, both test accuracies recorded."""
+    import json
+
+    out, params = tmp_path / "c.json", tmp_path / "c.pt"
+    launch(1, ["--synthetic", "200", "--model", "compact", "--widths", "8,8,8", "--batch-size", "50", "--epochs", "2",
+               "--schedule", "onecycle", "--nesterov", "--crop-padding", "2", "--tta", "--label-smoothing", "0.2",
+               "--weight-decay", "5e-4", "--out", out, "--params-out", params], torchrun=False, echo=False, timeout=240)
+    rec = json.loads(out.read_text())
+    assert 0 <= rec["test_accuracy"] <= 1 and 0 <= rec["test_accuracy_no_tta"] <= 1
+    from helpers.cifar10 import normalize, synthetic_images
+    from helpers.models import CompactNet
+
+    expected = CompactNet((8, 8, 8)).init_whitening(normalize(synthetic_images(200).images[:5000]))
+    assert torch.equal(_params(params)["whiten.weight"], expected.whiten.weight)  # frozen: never stepped
+
+
+def test_optimizer_decays_weights_but_not_biases_or_norms():
+    from helpers import distributed
+    from helpers.models import CompactNet
+
+    args = distributed._parse(["--synthetic", "8", "--weight-decay", "5e-4", "--nesterov"])
+    me = distributed.Rank(0, 0, 1, torch.device("cpu"), "gloo", use_pg=False)
+    net = CompactNet((8, 8, 8)).init_whitening(torch.randn(4, 3, 32, 32))
+    opt, _, _ = distributed._optimizer(args, me, net, steps_per_epoch=10)
+    decayed, plain = opt.param_groups
+    assert decayed["weight_decay"] == 5e-4 and plain["weight_decay"] == 0 and decayed["nesterov"]
+    assert all(p.ndim > 1 for p in decayed["params"]) and all(p.ndim == 1 for p in plain["params"])
+    ids = {id(p) for g in opt.param_groups for p in g["params"]}
+    assert id(net.whiten.weight) not in ids and id(net.whiten.bias) in ids

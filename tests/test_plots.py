@@ -41,6 +41,13 @@ def test_plots_draw_into_given_axes():
     assert plots.training_progress(_history(), ax=pair) is pair and pair[1].lines
     pair = (axes[2, 2], axes[2, 3])
     assert plots.recipe_histories({"run": _history().state_dict()}, ax=pair) is pair and pair[0].lines
+    timed_fig, timed = plt.subplots(1, 2)
+    two = _history()
+    two.epochs = [dict(two.epochs[0], epoch=1, seconds=90.0), dict(two.epochs[0], epoch=2, seconds=30.0)]
+    plots.recipe_histories({"run": two.state_dict()}, minutes=True, ax=timed)
+    assert list(timed[0].lines[0].get_xdata()) == [1.5, 2.0]  # minutes spent at each epoch's end
+    assert timed[0].get_xlabel() == "minutes of training"
+    plt.close(timed_fig)
     assert all(ax.figure is fig for ax in axes.flat)
     plt.close(fig)
 
