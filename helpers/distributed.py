@@ -53,7 +53,8 @@ def _parse(argv):
     ap.add_argument("--depth", type=int, default=4, help="convblock: conv layers per block")
     ap.add_argument("--nesterov", action="store_true", help="Nesterov momentum")
     ap.add_argument("--crop-padding", type=int, default=4, help="random translation of ± this many pixels")
-    ap.add_argument("--tta", action="store_true", help="validate and test on each image and its mirror image")
+    ap.add_argument("--tta", action="store_true",
+                    help="test on each image and its mirror image (the per-epoch validation does not)")
     ap.add_argument("--no-bn", action="store_true", help="no batch norm (DDP then equals one big batch exactly)")
     ap.add_argument("--no-augment", action="store_true")
     ap.add_argument("--no-shuffle", action="store_true")
