@@ -271,7 +271,7 @@ def _step_hook(args, me: Rank, steps_per_epoch: int):
 def _report(args, me: Rank, model, history, train_images: int, source: str, lr: float, test_loader,
             speeds: dict) -> None:
     """Rank 0: log the epochs, test once, write the results JSON and the final parameters."""
-    from .training import evaluate, resolve_amp
+    from .training import evaluate, flip_accuracy, resolve_amp
 
     for e in history.epochs:
         val = f", validation accuracy {e['val_accuracy']:.4f}" if "val_accuracy" in e else ""
@@ -281,11 +281,12 @@ def _report(args, me: Rank, model, history, train_images: int, source: str, lr: 
         return
     accuracy = plain = None
     if not args.no_val:
-        from .models import FlipAverage
-
-        test = evaluate(FlipAverage(model) if args.tta else model, test_loader, me.device, amp=args.amp)
-        accuracy = test["accuracy"]
-        plain = evaluate(model, test_loader, me.device, amp=args.amp)["accuracy"] if args.tta else accuracy
+        if args.tta:
+            test = flip_accuracy(model, test_loader, me.device, amp=args.amp)
+            accuracy, plain = test["accuracy"], test["plain"]
+        else:
+            test = evaluate(model, test_loader, me.device, amp=args.amp)
+            accuracy = plain = test["accuracy"]
         me.log(f"test accuracy {accuracy:.4f} on {test['count']} images" +
                (f" (each image and its mirror image; {plain:.4f} on the images alone)" if args.tta else ""))
     record = {"world_size": me.world, "backend": me.backend, "device": me.device.type,

@@ -123,14 +123,3 @@ class CompactNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(self.whiten(x)).amax(dim=(2, 3))) / 8
-
-
-class FlipAverage(nn.Module):
-    """Test-time augmentation: the sum of ``model``'s logits for the images and their mirror images (notebook 05)."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x) + self.model(x.flip(3))

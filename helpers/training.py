@@ -157,6 +157,18 @@ def predict(model: nn.Module, loader, device="auto", *, host_inputs=(), amp=Fals
     return torch.cat(scores).cpu(), torch.cat(targets).cpu()
 
 
+def flip_accuracy(model: nn.Module, loader, device="auto", *, amp=False) -> dict:
+    """Test-time augmentation with mirror images, from two passes over ``loader`` (notebook 05).
+
+    ``accuracy``: the class of the summed logits of each image and its mirror image; ``plain``: the images alone.
+    The batches are ``(images, target)`` with images ``(N, C, H, W)``; the mirror flips the last (width) axis.
+    """
+    plain, target = predict(model, loader, device, amp=amp)
+    mirrored, _ = predict(model, ((x.flip(3), y) for x, y in loader), device, amp=amp)
+    return {"accuracy": ((plain + mirrored).argmax(1) == target).float().mean().item(),
+            "plain": (plain.argmax(1) == target).float().mean().item(), "count": len(target)}
+
+
 # ---------------------------------------------------------------- the step
 
 def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, inputs: list, target: torch.Tensor, *,

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from helpers.cifar10 import (CIFAR10_CLASSES, ImageTensorDataset, cifar10_transform, load_cifar10, synthetic_images)
-from helpers.models import CompactNet, ConvBlockNet, FlipAverage, whitening_filters
+from helpers.models import CompactNet, ConvBlockNet, whitening_filters
 
 
 @pytest.fixture(scope="module")
@@ -97,11 +97,19 @@ def test_compact_net_freezes_its_whitening_layer_and_costs_a_fifth_of_the_flops(
     assert CompactNet((8, 16, 16), n_classes=3)(x).shape == (4, 3)
 
 
-def test_flip_average_adds_the_mirror_images_logits():
-    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 2))
-    x = torch.randn(5, 1, 3, 4)
-    assert torch.allclose(FlipAverage(net)(x), net(x) + net(x.flip(3)))
-    assert not torch.allclose(net(x), net(x.flip(3)))
+def test_flip_accuracy_classifies_by_the_summed_logits_of_image_and_mirror():
+    from helpers.training import flip_accuracy
+
+    # A linear "model" that reads only the first column: the mirror image shows it the last column instead.
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 2, bias=False))
+    with torch.no_grad():
+        net[1].weight.copy_(torch.tensor([[1.0, 0, 0, 0], [-1.0, 0, 0, 0]]))
+    x = torch.tensor([[2.0, 0, 0, -3.0],    # alone: class 0 (2 > -2); summed with the mirror: 2-3 < 0, class 1
+                      [1.0, 0, 0, 5.0],     # class 0 either way
+                      [-1.0, 0, 0, -1.0]]).view(3, 1, 1, 4)  # class 1 either way
+    target = torch.tensor([1, 0, 1])
+    found = flip_accuracy(net, [(x[:2], target[:2]), (x[2:], target[2:])], "cpu")
+    assert found == {"accuracy": 1.0, "plain": pytest.approx(2 / 3), "count": 3}
 
 
 def test_stand_in_only_in_quick_mode(tmp_path, monkeypatch):
