@@ -154,9 +154,11 @@ def test_budget_chooses_epochs_from_the_measured_speed(capsys):
 
     args = distributed._parse(["--synthetic", "64", "--budget-min", "10", "--val-limit", "3000"])
     me = distributed.Rank(0, 0, 2, torch.device("cpu"), "gloo", use_pg=False)
-    # 50,000 images over 2 ranks at 1,000 images/s: 25 s per epoch + 1 s validating 3,000 images
-    assert distributed._budget_epochs(args, me, {"model_images_per_s": 1000.0}, 50000) == int(600 * 0.95 / 26) == 21
-    assert "→ 21 epochs" in capsys.readouterr().out
+    # 50,000 images over 2 ranks at 1,000 images/s: 25 s of steps + 5 s making the batches at 5,000 images/s
+    # + 1 s validating 3,000 images per epoch
+    speeds = {"model_images_per_s": 1000.0, "input_images_per_s": 5000.0}
+    assert distributed._budget_epochs(args, me, speeds, 50000) == int(600 * 0.92 / 31) == 17
+    assert "about 31 s per epoch → 17 epochs" in capsys.readouterr().out
     args.budget_min = 0
     assert distributed._budget_epochs(args, me, {}, 50000) == args.epochs
 
