@@ -28,7 +28,8 @@ SUBSET_SEED = 1234      # --train-limit: the same random training subset on ever
 VAL_SUBSET_SEED = 4321  # --val-limit: the same random validation subset (every class, as in the test set)
 EVAL_BATCH = 512        # batch size for validation and the final test (no gradients: larger is fine)
 BUDGET_SAFETY = 0.92    # --budget-min: plan for 92 % of the budget: the real loop has overheads the timed step has
-#                         not (measured: 23.5 s per epoch against 22.4 s planned, CompactNet in bf16 on an AVX-512 EPYC)
+#                         not (measured: 23.5 s per epoch where _budget_epochs plans 22.4 s, CompactNet in bf16 on an
+#                         AVX-512 BF16 EPYC)
 
 
 def _parse(argv):
@@ -235,7 +236,9 @@ def _optimizer(args, me: Rank, net, steps_per_epoch: int):
 
 
 def _budget_epochs(args, me: Rank, speeds: dict, train_images: int) -> int:
-    """``--budget-min``: the epochs that fit, from rank 0's measured model speed; every rank gets the same number."""
+    """``--budget-min``: the epochs that fit, from rank 0's measured model and input speeds; every rank gets the
+    same number. Making the batches adds to the steps' time when the loop makes them itself (the device loader, or
+    no workers); worker processes make them meanwhile, so then the slower of the two sets the pace."""
     import torch.distributed as dist
 
     if not args.budget_min:
@@ -243,10 +246,10 @@ def _budget_epochs(args, me: Rank, speeds: dict, train_images: int) -> int:
     epochs = 0
     if me.rank == 0:
         ips, mine = speeds["model_images_per_s"], train_images / me.world
-        # the model's steps, making the batches (the device loader makes them between steps), validation (forward
-        # passes only: about a third of a step's time)
-        per_epoch = mine / ips + mine / speeds["input_images_per_s"] + \
-            (0 if args.no_val else (args.val_limit or 10000) / (3 * ips))
+        steps = mine / ips
+        batches = mine / speeds["input_images_per_s"] if speeds["input_images_per_s"] > 0 else 0.0  # 0: one batch
+        per_epoch = steps + batches if args.loader == "device" or args.workers == 0 else max(steps, batches)
+        per_epoch += 0 if args.no_val else (args.val_limit or 10000) / (3 * ips)  # forward passes: ~1/3 of a step
         epochs = max(1, int(args.budget_min * 60 * BUDGET_SAFETY / per_epoch))
         me.log(f"time budget {args.budget_min:g} min: about {per_epoch:.0f} s per epoch → {epochs} epochs")
     if me.use_pg:

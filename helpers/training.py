@@ -162,11 +162,12 @@ def flip_accuracy(model: nn.Module, loader, device="auto", *, amp=False) -> dict
 
     ``accuracy``: the class of the summed logits of each image and its mirror image; ``plain``: the images alone.
     The batches are ``(images, target)`` with images ``(N, C, H, W)``; the mirror flips the last (width) axis.
+    Both passes must see the same images in the same order: an unshuffled loader with a deterministic transform.
     """
     plain, target = predict(model, loader, device, amp=amp)
     mirrored, _ = predict(model, ((x.flip(3), y) for x, y in loader), device, amp=amp)
-    return {"accuracy": ((plain + mirrored).argmax(1) == target).float().mean().item(),
-            "plain": (plain.argmax(1) == target).float().mean().item(), "count": len(target)}
+    return {"accuracy": ((plain + mirrored).argmax(1) == target).sum().item() / len(target),
+            "plain": (plain.argmax(1) == target).sum().item() / len(target), "count": len(target)}
 
 
 # ---------------------------------------------------------------- the step

@@ -159,6 +159,11 @@ def test_budget_chooses_epochs_from_the_measured_speed(capsys):
     speeds = {"model_images_per_s": 1000.0, "input_images_per_s": 5000.0}
     assert distributed._budget_epochs(args, me, speeds, 50000) == int(600 * 0.92 / 31) == 17
     assert "about 31 s per epoch → 17 epochs" in capsys.readouterr().out
+    args.loader, args.workers = "dataloader", 4  # worker processes make the batches while the model steps
+    assert distributed._budget_epochs(args, me, {**speeds, "input_images_per_s": 500.0}, 50000) == int(552 / 51)
+    assert distributed._budget_epochs(args, me, speeds, 50000) == int(552 / 26)
+    args.loader = "device"  # a one-batch loader measures no input speed: the steps alone
+    assert distributed._budget_epochs(args, me, {**speeds, "input_images_per_s": 0.0}, 50000) == int(552 / 26)
     args.budget_min = 0
     assert distributed._budget_epochs(args, me, {}, 50000) == args.epochs
 
