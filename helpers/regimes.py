@@ -93,8 +93,12 @@ def compare_compiled(make_model, batch, device="auto", *, amp=False, mode: str |
     ``make_model()`` builds the model (seeded identically for both); the first compiled step compiles the forward
     and backward graphs, and its extra time over an eager step is ``compile_seconds``. ``break_even_steps`` is how
     many steps the faster compiled step needs to win that time back (None if it is not faster). A missing C++
-    compiler or an unsupported model gives ``{"error": ...}`` instead of a crash (notebook 08).
+    compiler or an unsupported model gives ``{"error": ...}`` instead of a crash (notebook 08). The compile is timed
+    cold, inductor's caches bypassed: what a first run pays; a rerun of the same program on the same machine loads
+    the kernels from inductor's on-disk cache and pays less.
     """
+    import torch._inductor.config
+
     from .timing import time_train_step
     from .training import train_step
 
@@ -111,7 +115,9 @@ def compare_compiled(make_model, batch, device="auto", *, amp=False, mode: str |
         compiled = torch.compile(model, mode=mode)
         step = train_step(compiled, torch.optim.SGD(compiled.parameters(), lr=0.01), batch, device, amp=amp,
                           host_inputs=host_inputs)
-        first = _first_call_seconds(step, device)
+        cold = {"force_disable_caches": True} if hasattr(torch._inductor.config, "force_disable_caches") else {}
+        with torch._inductor.config.patch(cold):  # inductor's on-disk cache would time loading kernels, not compiling
+            first = _first_call_seconds(step, device)
         steady = time_train_step(compiled, batch, device, amp=amp, host_inputs=host_inputs, warmup=1,
                                  channels_last=channels_last, min_run_time=min_run_time)
     except Exception as exc:  # inductor needs a C++ compiler (CPU) or Triton (GPU); say why, don't crash

@@ -51,9 +51,10 @@ def test_compare_compiled_reports_instead_of_crashing(monkeypatch):
 def test_compare_compiled_measures_a_real_compile():
     make = lambda: nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))  # noqa: E731
     batch = (torch.randn(16, 8), torch.randint(0, 2, (16,)))
+    regimes.compare_compiled(make, batch, "cpu", min_run_time=0.05)  # fills inductor's on-disk cache, if used
     out = regimes.compare_compiled(make, batch, "cpu", min_run_time=0.05)
     assert "error" not in out, out
-    assert out["compile_seconds"] > 0.1, "compiling a forward and backward graph takes time"
+    assert out["compile_seconds"] > 0.1, "compiling a forward and backward graph takes time (not a cache load)"
     assert out["speedup"] == pytest.approx(out["eager_ms"] / out["compiled_ms"])
     if out["break_even_steps"] is not None:
         gain = (out["eager_ms"] - out["compiled_ms"]) / 1e3
