@@ -79,10 +79,16 @@ def regime(point: dict, peak_gflops: float, peak_gbps: float, overhead_us: float
 
 
 def _first_call_seconds(step, device) -> float:
-    synchronize(device)
-    t0 = time.perf_counter()
-    step()
-    synchronize(device)
+    """Seconds of a compiled function's first call, timed cold: inductor's on-disk cache bypassed (a hit would time
+    loading kernels, not compiling them)."""
+    import torch._inductor.config
+
+    cold = {"force_disable_caches": True} if hasattr(torch._inductor.config, "force_disable_caches") else {}
+    with torch._inductor.config.patch(cold):
+        synchronize(device)
+        t0 = time.perf_counter()
+        step()
+        synchronize(device)
     return time.perf_counter() - t0
 
 
@@ -97,8 +103,6 @@ def compare_compiled(make_model, batch, device="auto", *, amp=False, mode: str |
     cold, inductor's caches bypassed: what a first run pays; a rerun of the same program on the same machine loads
     the kernels from inductor's on-disk cache and pays less.
     """
-    import torch._inductor.config
-
     from .timing import time_train_step
     from .training import train_step
 
@@ -115,9 +119,7 @@ def compare_compiled(make_model, batch, device="auto", *, amp=False, mode: str |
         compiled = torch.compile(model, mode=mode)
         step = train_step(compiled, torch.optim.SGD(compiled.parameters(), lr=0.01), batch, device, amp=amp,
                           host_inputs=host_inputs)
-        cold = {"force_disable_caches": True} if hasattr(torch._inductor.config, "force_disable_caches") else {}
-        with torch._inductor.config.patch(cold):  # inductor's on-disk cache would time loading kernels, not compiling
-            first = _first_call_seconds(step, device)
+        first = _first_call_seconds(step, device)
         steady = time_train_step(compiled, batch, device, amp=amp, host_inputs=host_inputs, warmup=1,
                                  channels_last=channels_last, min_run_time=min_run_time)
     except Exception as exc:  # inductor needs a C++ compiler (CPU) or Triton (GPU); say why, don't crash
