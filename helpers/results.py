@@ -29,10 +29,19 @@ def project_root() -> Path:
     return Path(__file__).resolve().parent.parent
 
 
+def build_dir() -> Path:
+    """Where runs write (work folders, traces): ``$COURSE_BUILD_DIR`` if set, else ``<root>/build`` (notebook 00).
+
+    ``make gpu-check`` points it into its ``OUT`` folder, so a run on a borrowed node leaves the repository as it was.
+    """
+    env = os.environ.get("COURSE_BUILD_DIR")
+    return Path(env) if env else project_root() / "build"
+
+
 def results_dir() -> Path:
-    """Where results go: ``$COURSE_RESULTS_DIR`` if set, else ``<root>/build/results``."""
+    """Where results go: ``$COURSE_RESULTS_DIR`` if set, else ``<build>/results``."""
     env = os.environ.get("COURSE_RESULTS_DIR")
-    return Path(env) if env else project_root() / "build" / "results"
+    return Path(env) if env else build_dir() / "results"
 
 
 def reference_dir() -> Path:
@@ -41,12 +50,12 @@ def reference_dir() -> Path:
 
 
 def work_dir(notebook: str) -> Path:
-    """A scratch folder for this run of ``notebook``: ``build/work/<notebook>/run-<pid>`` (notebooks 04, 05).
+    """A scratch folder for this run of ``notebook``: ``<build>/work/<notebook>/run-<pid>`` (notebooks 04, 05).
 
     Each kernel gets its own folder, so two runs at once (say nbval and ``make run``) never overwrite each
     other's files; folders of runs whose process has ended are removed first.
     """
-    base = project_root() / "build" / "work" / notebook
+    base = build_dir() / "work" / notebook
     base.mkdir(parents=True, exist_ok=True)
     for old in base.glob("run-*"):
         pid = old.name.removeprefix("run-")
@@ -114,13 +123,17 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
 
 
 def save_results(notebook: str, results: dict, *, quick: bool, device: str, out_dir: str | Path | None = None,
-                 hardware: dict | None = None) -> Path:
-    """Write a notebook's headline results with hardware, torch version, quick flag and time (notebook 00)."""
+                 hardware: dict | None = None, budget_s: float | None = None) -> Path:
+    """Write a notebook's headline results with hardware, torch version, quick flag and time (notebook 00).
+
+    ``budget_s``: the time budget the run was sized to (``make gpu-check``), None for a run at its full sizes.
+    """
     record = {
         "schema": SCHEMA,
         "notebook": notebook,
         "quick": bool(quick),
         "device": str(device),
+        "budget_s": budget_s,
         "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "hardware": hardware if hardware is not None else describe(),
         "results": to_jsonable(results),
@@ -162,11 +175,23 @@ def _fmt(value) -> str:
     return str(value)
 
 
-def write_report(results: str | Path | None = None, out: str | Path | None = None) -> Path:
-    """Collect every ``build/results/*.json`` into ``build/report.md`` (used by ``make run``)."""
+def _runs_table(runs: dict) -> list[str]:
+    """How each notebook of a run ended (``tools/run_course.py``): status, seconds, budget, limit, message."""
+    lines = ["| notebook | ended | seconds | budget_s | limit (s) | note |", "|---|---|---|---|---|---|"]
+    for name, r in runs.items():
+        cells = [r.get("seconds"), r.get("budget_s"), r.get("limit_s")]
+        nums = " | ".join("" if v is None else f"{v:.0f}" for v in cells)
+        note = " ".join(str(r.get(k, "")) for k in ("message", "cell") if r.get(k)).replace("|", "/")
+        lines.append(f"| {name} | {r['status']} | {nums} | {note[:200]} |")
+    return lines + [""]
+
+
+def write_report(results: str | Path | None = None, out: str | Path | None = None, *, runs: dict | None = None) -> Path:
+    """Collect every ``build/results/*.json`` into ``build/report.md`` (used by ``make run``); ``runs`` (from
+    ``tools/run_course.py``) adds how each notebook ended — a notebook stopped at its time limit saved no results."""
     src = Path(results) if results else results_dir()
     out = Path(out) if out else src.parent / "report.md"
-    lines = ["# Course run report", ""]
+    lines = ["# Course run report", ""] + (_runs_table(runs) if runs else [])
     records = [load_results(p) for p in sorted(src.glob("*.json"))]
     if not records:
         lines.append(f"No results found in `{src}`.")
@@ -178,7 +203,9 @@ def write_report(results: str | Path | None = None, out: str | Path | None = Non
             "",
             f"- Hardware: `{hw.get('name')}` — {hw.get('cpu')} ({hw.get('cpu_cores')} cores); {gpus}; "
             f"torch {hw.get('torch')}",
-            f"- Device: `{rec['device']}`, quick mode: {rec['quick']}, recorded {rec['timestamp']}",
+            f"- Device: `{rec['device']}`, quick mode: {rec['quick']}, recorded {rec['timestamp']}"
+            + (f", sized to a budget of {rec['budget_s']:.0f} s" if rec.get("budget_s") else "")
+            + (" — STOPPED at its time limit: partial results" if rec.get("stopped") else ""),
             "",
             "| result | value |",
             "|---|---|",

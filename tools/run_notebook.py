@@ -1,0 +1,59 @@
+"""Execute ONE notebook with papermill and write how it ended to a JSON file (run by tools/run_course.py).
+
+    python tools/run_notebook.py NOTEBOOK EXECUTED PARAMETERS_JSON STATUS_JSON
+
+tools/run_course.py starts this in a process session of its own, so that a notebook past its time limit can be
+stopped with everything it started (the kernel, torchrun ranks). Whatever happens here — an error in a cell, a
+kernel that dies or never starts — ends as one line in STATUS_JSON: {"status": "ok" | "failed" | "died",
+"message": ..., "cell": ...}. No status file at all means this process itself was killed.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def failing_cell(executed: Path) -> str:
+    """Name the failing cell by its position in the *source* notebook and its first line ("" if unknown)."""
+    import nbformat
+
+    try:
+        cells = [c for c in nbformat.read(executed, as_version=4).cells  # drop what papermill added
+                 if not {"injected-parameters", "papermill-error-cell-tag"} & set(c.metadata.get("tags", []))]
+    except (OSError, ValueError):
+        return ""
+    def name(i):
+        first = next((line for line in cells[i].source.splitlines() if line.strip()), "")
+        return f"cell {i + 1} (counting from 1, `{first[:60]}`)"
+
+    for i, cell in enumerate(cells):
+        if any(o.get("output_type") == "error" for o in cell.get("outputs", [])):
+            return name(i)
+    started = [i for i, c in enumerate(cells)  # a dead kernel: the last cell papermill started
+               if c.cell_type == "code" and c.metadata.get("papermill", {}).get("status") in ("running", "completed")]
+    return f"the last cell that ran, {name(started[-1])}" if started else ""
+
+
+def main(argv: list) -> int:
+    notebook, executed, params, status_file = Path(argv[0]), Path(argv[1]), json.loads(argv[2]), Path(argv[3])
+    status = {"status": "ok"}
+    try:
+        import papermill as pm
+
+        pm.execute_notebook(str(notebook), str(executed), parameters=params, kernel_name="python3",
+                            cwd=str(notebook.parent), progress_bar=False, start_timeout=180)
+    except Exception as exc:  # noqa: BLE001 - every way a notebook can fail must end in the status file
+        cell = failing_cell(executed)
+        if type(exc).__name__ == "PapermillExecutionError":
+            status = {"status": "failed", "message": f"{exc.ename}: {exc.evalue}".strip(), "cell": cell}
+        else:  # DeadKernelError, a kernel that never started, a broken install
+            name = type(exc).__name__
+            status = {"status": "died", "message": f"{name}: {str(exc).strip().splitlines()[0] if str(exc).strip() else name}",
+                      "cell": cell}
+    status_file.write_text(json.dumps(status), encoding="utf-8")
+    return 0 if status["status"] == "ok" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
