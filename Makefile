@@ -5,11 +5,12 @@ PY     := $(VENV)/bin/python
 QUICK  ?= 0
 DEVICE ?= auto
 ONLY   ?=
-# gpu-check (an offline GPU node): the wheelhouse of notebook tools, CIFAR-10 folder or tarball, time budget
-PY         ?= 3.12
+# gpu-check (an offline GPU node): the wheelhouse of notebook tools (for the node's Python WHEEL_PYTHON), CIFAR-10
+# folder or tarball, time budget in minutes (everything included: the run ends by BUDGET_MIN + 45 s at the latest)
+WHEEL_PYTHON ?= 3.12
 WHEELHOUSE ?= build/wheelhouse
 CIFAR10    ?=
-BUDGET_MIN ?= 8
+BUDGET_MIN ?= 7
 GPU_DEVICE ?= $(if $(filter auto,$(DEVICE)),cuda,$(DEVICE))
 ALLOW_CPU  ?=
 BENCH      ?= 1
@@ -24,8 +25,8 @@ help:
 	@echo "make bench  run the benchmark scripts in benchmarks/"
 	@echo "make site   the executed course as a static website in build/site/ (QUICK=1: run stale notebooks quick)"
 	@echo "make check  pre-flight check of this machine for a workshop (writes build/preflight.md)"
-	@echo "make wheelhouse  download the notebook tools as wheels for an offline GPU node (PY=3.12)"
-	@echo "make gpu-check OUT=dir [PYTHON=python3 CIFAR10=dir|tar.gz BUDGET_MIN=8]  the course on a GPU node"
+	@echo "make wheelhouse  download the notebook tools as wheels for an offline GPU node (WHEEL_PYTHON=3.12)"
+	@echo "make gpu-check OUT=dir [PYTHON=python3 CIFAR10=dir|tar.gz BUDGET_MIN=7]  the course on a GPU node"
 
 venv: $(VENV)/.installed
 
@@ -72,10 +73,10 @@ gpu-check:
 		$(if $(filter 1 true True yes,$(QUICK)),--quick,) $(if $(ONLY),--only $(ONLY),) \
 		$(if $(filter 0,$(BENCH)),--no-bench,)
 
-# Pinned wheels of the notebook tools (tools/gpu-check-requirements.txt) for CPython $(PY) on manylinux x86-64.
+# Pinned wheels of the notebook tools (tools/gpu-check-requirements.txt) for CPython $(WHEEL_PYTHON) on manylinux x86-64.
 wheelhouse:
 	$(PYTHON) -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
-		--python-version $(PY) --implementation cp --platform manylinux_2_28_x86_64 \
+		--python-version $(WHEEL_PYTHON) --implementation cp --platform manylinux_2_28_x86_64 \
 		--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
 		-r tools/gpu-check-requirements.txt -d $(WHEELHOUSE)
 	@ls $(WHEELHOUSE); du -sh $(WHEELHOUSE)

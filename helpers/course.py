@@ -77,7 +77,7 @@ class Lesson:
     def save(self, record: dict) -> Path:
         """Record the notebook's headline results with the hardware, mode and device (``build/results``)."""
         path = results.save_results(self.notebook, record, quick=self.quick, device=str(self.device),
-                                    hardware=self.hardware)
+                                    hardware=self.hardware, budget_s=self.budget_s)
         print("recorded:", path)
         return path
 

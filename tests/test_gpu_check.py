@@ -5,8 +5,12 @@ project's .venv, as a GPU node's site Python has them) and none of the Jupyter t
 from a wheelhouse with --no-index into its scratch folder, leave the node's Python as it was, run a notebook
 through that path (on the CPU, allowed explicitly), and refuse in one line when no GPU is there.
 """
+import contextlib
+import json
 import os
+import re
 import shutil
+import tarfile
 import subprocess
 import sys
 from importlib import metadata
@@ -59,7 +63,7 @@ def _wheelhouse():
     if any(WHEELHOUSE.glob("papermill-*.whl")):
         return
     ver = f"{sys.version_info.major}.{sys.version_info.minor}"
-    run = subprocess.run(["make", "-s", "wheelhouse", f"PY={ver}", f"WHEELHOUSE={WHEELHOUSE}",
+    run = subprocess.run(["make", "-s", "wheelhouse", f"WHEEL_PYTHON={ver}", f"WHEELHOUSE={WHEELHOUSE}",
                           f"PYTHON={sys.executable}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     if run.returncode != 0:
         if os.environ.get("CI"):
@@ -100,11 +104,35 @@ def test_gpu_check_refuses_without_a_gpu_in_one_line(node, tmp_path):
     assert not (tmp_path / "out").exists(), "nothing is written before the checks pass"
 
 
+def _tree(root: Path) -> dict:
+    """Every file under ``root`` (ignored ones and .venv included, .git not) with its size and mtime."""
+    found = {}
+    for folder, dirs, files in os.walk(root):
+        if Path(folder) == root:
+            dirs[:] = [d for d in dirs if d != ".git"]
+        for f in files:
+            path = os.path.join(folder, f)
+            with contextlib.suppress(OSError):
+                st = os.lstat(path)
+                found[os.path.relpath(path, root)] = (st.st_size, st.st_mtime_ns)
+    return found
+
+
 def test_gpu_check_installs_tools_from_wheelhouse_and_runs_a_notebook(node, tmp_path):
     out = tmp_path / "out"
+    before = _tree(ROOT)
     run = _gpu_check(node, out, "DEVICE=cpu", "ALLOW_CPU=1", "QUICK=1", "ONLY=00", "BENCH=0")
+    after = _tree(ROOT)
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
-    assert "papermill" in run.stdout and "[1/1] 00_getting_started.ipynb ... done" in run.stdout
+    changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+    assert changed == [], f"gpu-check wrote into the repository (everything belongs under OUT): {changed[:20]}"
+    assert "gpu-check: pre-flight: C compiler" in run.stdout or "PROBLEM: no" in run.stdout
+    assert len(list(out.glob("gpu-check-*.tar.gz"))) == 1, "one archive to copy off the node"
+    with tarfile.open(next(out.glob("gpu-check-*.tar.gz"))) as tar:
+        names = tar.getnames()
+    assert {"times.json", "report.md", "preflight.txt", "results/00_getting_started.json"} <= set(names)
+    assert "papermill" in run.stdout
+    assert re.search(r"\[1/1\] 00_getting_started.ipynb \.\.\. \(budget \d+ s, limit \d+ s\) done in", run.stdout)
     rec = (out / "results" / "00_getting_started.json").read_text()
     assert '"quick": true' in rec and '"device": "cpu"' in rec
     assert (out / "notebooks" / "00_getting_started.ipynb").exists()
@@ -119,3 +147,48 @@ def test_gpu_check_skips_cifar_lessons_without_cifar(node, tmp_path):
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     assert "05_multi_gpu_training.ipynb: skipped: it needs CIFAR-10" in run.stdout
     shutil.rmtree(out, ignore_errors=True)
+
+
+def test_make_wheelhouse_as_written_names_an_integer_python_version():
+    """The plain command of the README: the Makefile once had two things called PY (`.venv/bin/python`)."""
+    run = subprocess.run(["make", "-n", "wheelhouse"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    version = re.search(r"--python-version (\S+)", run.stdout).group(1)
+    assert re.fullmatch(r"\d+\.\d+", version), run.stdout
+
+
+def test_merge_runs_makes_one_report_of_two_halves(tmp_path):
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import merge_runs
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    from helpers import results
+
+    hw = {"name": "1x-test-gpu", "cpu": "x", "cpu_cores": 1, "gpus": [{"name": "Test GPU"}], "torch": "2.x"}
+    for half, name in (("a", "00_demo"), ("b", "01_demo")):
+        results.save_results(name, {"v": half}, quick=False, device="cuda:0", out_dir=tmp_path / half / "results",
+                             hardware=hw, budget_s=60)
+        (tmp_path / half / "times.json").write_text(json.dumps({
+            "machine": "1x Test GPU", "gpu": True, "quick": False, "date": "2026-12-05", "budget_s": 200,
+            "notebooks": {name: 50.0}, "runs": {name: {"status": "ok", "seconds": 50.0}}}))
+    assert merge_runs.main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "all")]) == 0
+    merged = json.loads((tmp_path / "all" / "times.json").read_text())
+    assert merged["notebooks"] == {"00_demo": 50.0, "01_demo": 50.0} and merged["budget_s"] == 400
+    report = (tmp_path / "all" / "report.md").read_text()
+    assert "## 00_demo" in report and "## 01_demo" in report and "| 01_demo | ok |" in report
+    (tmp_path / "b" / "times.json").write_text(json.dumps({"machine": "2-core CPU", "gpu": False, "quick": False,
+                                                           "notebooks": {}, "runs": {}}))
+    assert merge_runs.main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "x")]) == 2
+
+
+def test_node_preflight_names_a_missing_compiler(monkeypatch):
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import preflight_node
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    assert "C compiler" in preflight_node.compiler_problem()
+    monkeypatch.setattr(preflight_node, "pinned", lambda: {"pytest": "999.0"})
+    assert "pytest" in preflight_node.outdated_tools()

@@ -137,6 +137,10 @@ def test_promote_reference_copies_full_mode_results_only(tmp_path, monkeypatch):
     results.save_results("02_demo", {"v": 1}, quick=False, device="cuda:0", out_dir=src, hardware=hw)
     results.save_results("03_demo", {"v": 1}, quick=True, device="cuda:0", out_dir=src, hardware=hw)
     results.save_results("04_demo", {"v": 1}, quick=False, device="cpu", out_dir=src, hardware=hw)
+    stopped = results.save_results("05_demo", {"v": 1}, quick=False, device="cuda:0", out_dir=src, hardware=hw,
+                                   budget_s=60)
+    record = json.loads(stopped.read_text())
+    stopped.write_text(json.dumps(dict(record, stopped=True)))  # as tools/run_course.py marks a stopped notebook
     monkeypatch.setattr(promote_reference, "reference_dir", lambda: tmp_path / "reference")
     assert promote_reference.main([str(src)]) == 0
     assert [p.name for p in (tmp_path / "reference" / "1x-test-gpu").iterdir()] == ["02_demo.json"]

@@ -1,22 +1,33 @@
 """Run the whole course on an offline GPU node with the Python it already has (`make gpu-check`).
 
     python3 tools/gpu_check.py --out OUT [--wheelhouse build/wheelhouse] [--cifar10 DIR|TARBALL]
-                               [--budget-min 8] [--device cuda] [--allow-cpu] [--quick] [--only 00,01]
+                               [--budget-min 7] [--device cuda] [--allow-cpu] [--quick] [--only 00,01]
 
 A GPU node typically has torch, torchvision, matplotlib, numpy, pandas and tqdm, but no Jupyter tools and no
-package index. This script
+package index, and is lent for minutes. This script
 1. refuses at once, in one line, when this Python has no torch or the device is missing (no silent CPU run);
-2. installs the notebook tools that this Python lacks (papermill, nbclient, ipykernel, ...) from a local
-   wheelhouse (`make wheelhouse` on a machine with an index) with `pip --no-index` into OUT/site, a scratch
-   folder put on PYTHONPATH — never into the site Python;
-3. extracts a CIFAR-10 tarball if given (or uses a folder); without one, the CIFAR lessons are skipped with a line;
-4. runs every notebook with papermill (tools/run_course.py, --keep-going, each sized by a `budget_s` share of
-   --budget-min), then the benchmarks, and leaves everything in OUT.
-Only the standard library is imported before the checks, so the errors come in the first seconds.
+2. prints a pre-flight in its first seconds (C compiler and Python.h for torch.compile, /dev/shm, the CPU quota,
+   the GPU's compute mode, free disk, notebook tools older than the wheelhouse's pins): one line per problem and
+   what the run does about it;
+3. installs the notebook tools this Python lacks (papermill, nbclient, ipykernel, ...) from a local wheelhouse
+   (`make wheelhouse`) with `pip --no-index` into OUT/site, a scratch folder put first on PYTHONPATH — never
+   into the node's Python;
+4. extracts a CIFAR-10 tarball into OUT (or uses a folder); without one, the CIFAR lessons are skipped;
+5. runs every notebook (tools/run_course.py, --keep-going) under one deadline: --budget-min covers everything
+   from this script's start — pre-flight, install, extraction, notebooks, benchmarks, packing — and the run ends
+   by DEADLINE_GRACE_S after it at the latest; each notebook is stopped at its own limit;
+6. packs results, executed notebooks, logs, times.json, report.md and the benchmark log into ONE archive,
+   OUT/gpu-check-<machine>-<date>.tar.gz, the one file to copy off the node.
+Everything it writes — caches of Jupyter, IPython, matplotlib, Triton and inductor, Python's bytecode, temporary
+files, work folders — lives under OUT; the repository is left as it was.
+
+Two halves of the course (two calls with ONLY=, into two OUT folders) merge into one report:
+    python3 tools/merge_runs.py OUT_A OUT_B --out OUT_ALL
 """
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import re
 import subprocess
@@ -28,11 +39,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK_TOOLS = ("papermill", "nbclient", "nbformat", "ipykernel", "jupyter_client")
 CIFAR_NOTEBOOKS = "04,05,06,07"
+DEADLINE_GRACE_S = 45      # the run ends by --budget-min plus at most this (a notebook stopped at the deadline)
+BENCH_RESERVE_S = 30       # of the budget, kept for the benchmarks (~13 s on a 2-core CPU, a few s on a GPU)
+PACK_RESERVE_S = 10        # of the budget, kept for the report and the archive
+ARCHIVE_LIMIT_MB = 16
 
 
 def fail(message: str) -> None:
     print(f"gpu-check: {message}", file=sys.stderr)
     raise SystemExit(2)
+
+
+def say(message: str) -> None:
+    print(f"gpu-check: {message}", flush=True)
 
 
 def check_device(device: str, allow_cpu: bool) -> str:
@@ -54,26 +73,30 @@ def _dist_name(wheel: Path) -> str:
     return re.sub(r"[-_.]+", "_", wheel.name.split("-")[0]).lower()
 
 
-def _installed(name: str) -> bool:
+def _installed_version(name: str) -> str | None:
     from importlib import metadata
 
     try:
-        metadata.distribution(name)
-        return True
+        return metadata.version(name)
     except metadata.PackageNotFoundError:
-        return False
+        return None
 
 
-def install_tools(wheelhouse: Path, target: Path) -> list[str]:
-    """Install the wheels whose distributions this Python lacks into ``target``; return their names."""
-    missing_tools = [t for t in NOTEBOOK_TOOLS if not _installed(t)]
-    if not missing_tools:
+def install_tools(wheelhouse: Path, target: Path, replace: set) -> list[str]:
+    """Install the wheels whose distributions this Python lacks (or has older than pinned: ``replace``) into
+    ``target``; return their names."""
+    missing_tools = [t for t in NOTEBOOK_TOOLS if not _installed_version(t)]
+    if not missing_tools and not replace:
         return []
     wheels = sorted(wheelhouse.glob("*.whl")) if wheelhouse.is_dir() else []
     if not wheels:
-        fail(f"this Python lacks {', '.join(missing_tools)} and {wheelhouse} holds no wheels: run `make wheelhouse` "
-             "on a machine with a package index and bring the folder along")
-    needed = [w for w in wheels if not _installed(_dist_name(w))]
+        if missing_tools:
+            fail(f"this Python lacks {', '.join(missing_tools)} and {wheelhouse} holds no wheels: run `make wheelhouse` "
+                 "on a machine with a package index and bring the folder along")
+        return []
+    needed = [w for w in wheels if not _installed_version(_dist_name(w)) or _dist_name(w) in replace]
+    if not needed:
+        return []
     cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", "--no-compile",
            "--disable-pip-version-check", "--target", str(target), *map(str, needed)]
     if subprocess.run(cmd).returncode != 0:
@@ -100,54 +123,121 @@ def cifar10_tree(given: str | None, scratch: Path) -> Path | None:
     return inner if inner.is_dir() else scratch
 
 
-def main(argv=None) -> int:
+def scratch_env(out: Path, site: Path, threads: int | None) -> dict:
+    """The environment of everything the run starts: every cache and scratch folder under ``out``."""
+    dirs = {"COURSE_BUILD_DIR": "build", "JUPYTER_RUNTIME_DIR": "jupyter/runtime", "JUPYTER_DATA_DIR": "jupyter/data",
+            "JUPYTER_CONFIG_DIR": "jupyter/config", "IPYTHONDIR": "ipython", "MPLCONFIGDIR": "matplotlib",
+            "TRITON_CACHE_DIR": "cache/triton", "TORCHINDUCTOR_CACHE_DIR": "cache/inductor",
+            "PYTHONPYCACHEPREFIX": "cache/pycache", "XDG_CACHE_HOME": "cache", "TORCH_HOME": "cache/torch",
+            "TMPDIR": "tmp"}
+    env = dict(os.environ, PYTHONUNBUFFERED="1", JUPYTER_PLATFORM_DIRS="1",
+               PYTHONPATH=os.pathsep.join([str(site), str(ROOT)] + (
+                   [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
+    for name, sub in dirs.items():
+        (out / sub).mkdir(parents=True, exist_ok=True)
+        env[name] = str(out / sub)
+    if threads:
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    return env
+
+
+def _parse(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--wheelhouse", default=str(ROOT / "build" / "wheelhouse"))
     ap.add_argument("--cifar10", default=None)
-    ap.add_argument("--budget-min", type=float, default=8.0)
+    ap.add_argument("--budget-min", type=float, default=7.0)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--allow-cpu", action="store_true")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default=None)
     ap.add_argument("--no-bench", action="store_true")
-    args = ap.parse_args(argv)
-    start = time.perf_counter()
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    sys.dont_write_bytecode = True  # this process writes no __pycache__ into the repository (its children: OUT)
+    args = _parse(argv)
+    t0 = time.time()
+    deadline = t0 + 60 * args.budget_min + DEADLINE_GRACE_S
     device = check_device(args.device, args.allow_cpu)
     out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    from preflight_node import node_preflight  # beside this script (its folder is first on sys.path)
+
+    pre = node_preflight(out, device)
+    (out / "preflight.txt").write_text("\n".join(pre["lines"]) + "\n", encoding="utf-8")
     site = out / "site"
-    installed = install_tools(Path(args.wheelhouse), site)
-    print(f"gpu-check: notebook tools from the wheelhouse: {', '.join(installed) or 'none needed'}", flush=True)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(ROOT)] + (
-        [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])), PYTHONUNBUFFERED="1")
-    tree = cifar10_tree(args.cifar10, ROOT / "build" / "gpu-check-cifar10")
+    installed = install_tools(Path(args.wheelhouse), site, set(pre["outdated"]))
+    say(f"notebook tools from the wheelhouse: {', '.join(installed) or 'none needed'}")
+    env = scratch_env(out, site, pre["threads"])
+    if pre["no_workers"]:
+        env["COURSE_LOADER_WORKERS"] = "0"
+    if pre["no_compile"]:
+        env["COURSE_NO_COMPILE"] = "1"
+    tree = cifar10_tree(args.cifar10, out / "cifar10")
+    notebook_budget = 60 * args.budget_min - (time.time() - t0) - PACK_RESERVE_S - (
+        0 if args.no_bench else BENCH_RESERVE_S)
     run = [sys.executable, str(ROOT / "tools" / "run_course.py"), "--device", device, "--out", str(out),
-           "--keep-going", "--budget-min", str(args.budget_min)] + (["--quick"] if args.quick else []) + (
-        ["--only", args.only] if args.only else [])
+           "--keep-going", "--budget-s", f"{notebook_budget:.0f}",
+           "--deadline", f"{deadline - PACK_RESERVE_S - (0 if args.no_bench else 5):.0f}"] + (
+        ["--quick"] if args.quick else []) + (["--only", args.only] if args.only else [])
     if tree is not None:
         env["COURSE_CIFAR10_DIR"] = str(tree)
     else:
         run += ["--skip", CIFAR_NOTEBOOKS, "--skip-reason",
                 "skipped: it needs CIFAR-10 and none was given (CIFAR10=folder-or-tarball)"]
+    say(f"{time.time() - t0:.0f} s spent before the notebooks; they get {notebook_budget:.0f} s, the run ends by "
+        f"{datetime.datetime.fromtimestamp(deadline):%H:%M:%S} at the latest")
     code = subprocess.run(run, env=env, cwd=ROOT).returncode
     if not args.no_bench:
-        code = run_benchmarks(out, env) or code
-    print(f"gpu-check: done in {time.perf_counter() - start:.0f} s; results in {out / 'results'} "
-          f"(promote them with tools/promote_reference.py {out / 'results'})", flush=True)
+        code = run_benchmarks(out, env, deadline - PACK_RESERVE_S) or code
+    archive = pack(out)
+    say(f"done in {time.time() - t0:.0f} s (budget {60 * args.budget_min:.0f} s); results in {out / 'results'}; "
+        f"copy this one file off the node: {archive} ({archive.stat().st_size / 2**20:.1f} MB). Promote the "
+        f"results with tools/promote_reference.py {out / 'results'}")
     return code
 
 
-def run_benchmarks(out: Path, env: dict) -> int:
-    """Each benchmarks/*.py in turn, its output printed and kept in OUT/benchmarks.txt."""
+def run_benchmarks(out: Path, env: dict, deadline: float) -> int:
+    """Each benchmarks/*.py in turn, within ``deadline``, its output printed and kept in OUT/benchmarks.txt."""
     code = 0
     with open(out / "benchmarks.txt", "w", encoding="utf-8") as log:
         for bench in sorted((ROOT / "benchmarks").glob("*.py")):
-            print(f"== {bench.relative_to(ROOT)}", flush=True)
-            proc = subprocess.run([sys.executable, str(bench)], env=env, cwd=ROOT, capture_output=True, text=True)
-            print(proc.stdout + proc.stderr, end="", flush=True)
-            log.write(f"== {bench.relative_to(ROOT)}\n{proc.stdout}{proc.stderr}")
-            code = code or proc.returncode
+            left = deadline - time.time()
+            name = bench.relative_to(ROOT)
+            if left < 5:
+                print(f"== {name}: skipped, the run's deadline is near", flush=True)
+                log.write(f"== {name}: skipped, the run's deadline is near\n")
+                continue
+            print(f"== {name}", flush=True)
+            try:
+                proc = subprocess.run([sys.executable, str(bench)], env=env, cwd=ROOT, capture_output=True,
+                                      text=True, timeout=left)
+                text, rc = proc.stdout + proc.stderr, proc.returncode
+            except subprocess.TimeoutExpired as exc:
+                text, rc = f"{exc.stdout or ''}stopped at the run's deadline after {left:.0f} s\n", 1
+            print(text, end="", flush=True)
+            log.write(f"== {name}\n{text}")
+            code = code or rc
     return code
+
+
+def pack(out: Path) -> Path:
+    """One archive of what a person needs from the run (not the caches, the wheels or CIFAR-10)."""
+    import platform
+
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", platform.node() or "node")
+    archive = out / f"gpu-check-{name}-{datetime.date.today().isoformat()}.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for part in ("results", "notebooks", "logs", "times.json", "report.md", "benchmarks.txt", "preflight.txt",
+                     "build/traces"):
+            if (out / part).exists():
+                tar.add(out / part, arcname=part)
+    size_mb = archive.stat().st_size / 2**20
+    if size_mb > ARCHIVE_LIMIT_MB:
+        say(f"warning: the archive is {size_mb:.1f} MB, over {ARCHIVE_LIMIT_MB} MB")
+    return archive
 
 
 if __name__ == "__main__":

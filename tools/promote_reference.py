@@ -2,7 +2,9 @@
 
     python tools/promote_reference.py OUT/results [--force]
 
-Only full-mode results measured on a GPU are promoted (quick-mode figures and CPU runs are not references).
+Only full-mode results measured on a GPU are promoted (quick-mode figures and CPU runs are not references), never
+those of a notebook stopped at its time limit; results sized to a time budget (`make gpu-check`) keep their
+`budget_s`, which the notebooks print beside the figures.
 Each file keeps the hardware, driver and torch version it was measured with; commit the new folder with a message
 naming the machine.
 """
@@ -33,13 +35,17 @@ def main(argv=None) -> int:
         if not str(rec["device"]).startswith(("cuda", "mps")) or not rec["hardware"].get("gpus", rec["device"] == "mps"):
             print(f"refused {path.name}: measured on {rec['device']!r}, not a GPU (references are GPU results)")
             continue
+        if rec.get("stopped"):
+            print(f"refused {path.name}: the notebook was stopped at its time limit (its results are partial)")
+            continue
         target = reference_dir() / rec["hardware"]["name"] / path.name
         if target.exists() and not args.force:
             print(f"skipped {path.name}: {target} exists (use --force)")
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, target)
-        print(f"{path.name} -> {target}")
+        budget = f" (sized to a time budget of {rec['budget_s']:.0f} s: smaller than a full run)" if rec.get("budget_s") else ""
+        print(f"{path.name} -> {target}{budget}")
     return 0
 
 
