@@ -235,10 +235,23 @@ def _optimizer(args, me: Rank, net, steps_per_epoch: int):
     return opt, sched, step_on
 
 
-def _budget_epochs(args, me: Rank, speeds: dict, train_images: int) -> int:
-    """``--budget-min``: the epochs that fit, from rank 0's measured model and input speeds; every rank gets the
-    same number. Making the batches adds to the steps' time when the loop makes them itself (the device loader, or
-    no workers); worker processes make them meanwhile, so then the slower of the two sets the pace."""
+def _validation_seconds(args, me: Rank, model, val_loader) -> float:
+    """Rank 0, under ``--budget-min``: one timed validation pass (a DataLoader with per-image transforms: on a GPU
+    it can cost more than the epoch's steps), so the plan counts it."""
+    from .training import evaluate
+
+    if me.rank != 0 or val_loader is None or not args.budget_min:
+        return 0.0
+    t0 = time.perf_counter()
+    evaluate(model, val_loader, me.device, amp=args.amp)
+    return time.perf_counter() - t0
+
+
+def _budget_epochs(args, me: Rank, speeds: dict, train_images: int, val_s: float = 0.0) -> int:
+    """``--budget-min``: the epochs planned to fit, from rank 0's measured model, input and validation times; every
+    rank gets the same number. Making the batches adds to the steps' time when the loop makes them itself (the
+    device loader, or no workers); worker processes make them meanwhile, so then the slower of the two sets the
+    pace. The plan sets the schedule's pace only when the loop is faster: fit's time limit stops it on time."""
     import torch.distributed as dist
 
     if not args.budget_min:
@@ -248,10 +261,10 @@ def _budget_epochs(args, me: Rank, speeds: dict, train_images: int) -> int:
         ips, mine = speeds["model_images_per_s"], train_images / me.world
         steps = mine / ips
         batches = mine / speeds["input_images_per_s"] if speeds["input_images_per_s"] > 0 else 0.0  # 0: one batch
-        per_epoch = steps + batches if args.loader == "device" or args.workers == 0 else max(steps, batches)
-        per_epoch += 0 if args.no_val else (args.val_limit or 10000) / (3 * ips)  # forward passes: ~1/3 of a step
+        per_epoch = (steps + batches if args.loader == "device" or args.workers == 0 else max(steps, batches)) + val_s
         epochs = max(1, int(args.budget_min * 60 * BUDGET_SAFETY / per_epoch))
-        me.log(f"time budget {args.budget_min:g} min: about {per_epoch:.0f} s per epoch → {epochs} epochs")
+        me.log(f"time budget {args.budget_min:g} min: about {per_epoch:.1f} s per epoch ({val_s:.1f} s of it "
+               f"validation) → {epochs} epochs planned; training stops at the budget whatever the plan")
     if me.use_pg:
         count = torch.tensor([epochs], device=me.device if me.backend == "nccl" else "cpu")
         dist.broadcast(count, src=0)
@@ -297,7 +310,8 @@ def _report(args, me: Rank, model, history, train_images: int, source: str, lr: 
         me.log(f"test accuracy {accuracy:.4f} on {test['count']} images" +
                (f" (each image and its mirror image; {plain:.4f} on the images alone)" if args.tta else ""))
     record = {"world_size": me.world, "backend": me.backend, "device": me.device.type,
-              "global_batch": args.batch_size * me.world, "lr": lr, "epochs": args.epochs,
+              "global_batch": args.batch_size * me.world, "lr": lr, "planned_epochs": args.epochs,
+              "budget_min": args.budget_min or None,
               "train_images": train_images, "source": source,
               "epoch_seconds": [e["seconds"] for e in history.epochs],
               "images_per_s": [train_images / e["seconds"] for e in history.epochs],
@@ -318,7 +332,9 @@ def setup(args, me: Rank) -> SimpleNamespace:
     loader, val_loader, test_loader = _loaders(args, me, train_set, test_set)
     model, net = _model(args, me, train_set)
     speeds = _throughputs(args, me, model, loader)
-    args.epochs = _budget_epochs(args, me, speeds, len(loader.dataset))
+    if me.rank == 0:
+        speeds["validation_s"] = _validation_seconds(args, me, model, val_loader)
+    args.epochs = _budget_epochs(args, me, speeds, len(loader.dataset), speeds.get("validation_s", 0.0))
     opt, sched, step_on = _optimizer(args, me, net, len(loader))
     # After the identical initial weights, each rank gets its own random stream: per-image transforms on the CPU
     # draw from it (the DeviceLoader seeds its own generator per rank), so ranks never augment alike.
@@ -340,11 +356,16 @@ def train(args, me: Rank) -> None:
            f"rank = {args.batch_size * me.world} global, lr {lr:.4g} ({args.schedule}), {len(r.loader)} steps per epoch, "
            f"autocast {str(autocast).replace('torch.', '') if autocast else 'off (fp32)'}"
            + (" — this CPU has no bf16 instructions, so --amp leaves fp32 on" if args.amp and not autocast else ""))
+    t_fit = time.perf_counter()
     history = fit(r.net, r.loader, epochs=args.epochs, optimizer=r.opt, device=me.device, val_loader=r.val_loader,
                   loss_fn=torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing), scheduler=r.sched,
                   scheduler_step=r.step_on, amp=args.amp, checkpoint=args.checkpoint,
                   resume=args.checkpoint is not None, save_checkpoints=me.rank == 0, progress=False,
-                  callback=_step_hook(args, me, len(r.loader)))
+                  callback=_step_hook(args, me, len(r.loader)),
+                  time_limit_s=60 * args.budget_min if args.budget_min else None)
+    r.speeds["train_wall_s"] = time.perf_counter() - t_fit  # steps + validation: what the budget covers
+    r.speeds["epochs"] = round(history.epochs[-1]["iteration"] / len(r.loader), 3) if history.epochs else 0  # may
+    #                                                        end mid-epoch under --budget-min
     _report(args, me, r.model, history, len(r.loader.dataset), r.train_set.source, lr, r.test_loader, r.speeds)
 
 

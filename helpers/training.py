@@ -327,6 +327,49 @@ class EpochMeter:
                 "train_accuracy": self.totals["correct"] / seen, "seconds": self.totals["seconds"], "lr": lr}
 
 
+class TimePace:
+    """Training sized to a time budget (``fit(time_limit_s=...)``; notebook 05, ``make gpu-check``).
+
+    The schedule's progress is the further of elapsed time / ``limit_s`` and steps / the planned steps: the
+    scheduler is stepped up to that point of its curve (several times in one step when the loop is slower than
+    planned, not at all when it is ahead), and training stops once progress reaches 1. So a OneCycle or piecewise
+    schedule always completes, and the run ends on time whatever the plan guessed. Validation counts as time.
+    Under DDP rank 0's progress is broadcast each step, so every rank uses the same rate and stops together.
+    """
+
+    def __init__(self, limit_s: float, planned_steps: int, scheduler=None, step_on: str = "batch",
+                 steps_per_epoch: int = 1):
+        self.limit_s, self.planned_steps, self.scheduler = float(limit_s), max(1, planned_steps), scheduler
+        self.units = self.planned_steps if step_on == "batch" else max(1, self.planned_steps // steps_per_epoch)
+        self.t0 = time.perf_counter()
+        self.progress = 0.0
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def after_step(self, steps_done: int) -> bool:
+        """Advance the schedule to this step's progress; True when training must stop."""
+        progress = max(self.elapsed() / self.limit_s, steps_done / self.planned_steps)
+        self.progress = _rank0_value(progress)
+        if self.scheduler is not None:
+            target = min(int(self.progress * self.units), self.units - 1)
+            while self.scheduler.last_epoch < target:
+                self.scheduler.step()
+        return self.progress >= 1.0
+
+
+def _rank0_value(value: float) -> float:
+    """``value`` as rank 0 has it (under a multi-process group), else unchanged."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return value
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.broadcast(t, src=0)
+    return float(t.item())
+
+
 @dataclass
 class _Loop:
     """What one ``fit`` call carries from step to step: the objects it trains and the options it was given."""
@@ -349,6 +392,8 @@ class _Loop:
     bar: object = None
     history: History = field(default_factory=History)
     iteration: int = 0
+    pace: TimePace | None = None  # a time budget: the schedule follows it, and training stops at its end
+    stopped: bool = False
 
     def __post_init__(self):
         self.dtype = resolve_amp(self.amp, self.device)
@@ -430,17 +475,20 @@ def _train_epoch(loop: _Loop, loader, meter: EpochMeter, skip: int = 0, resume_r
         lr = loop.optimizer.param_groups[0]["lr"]  # the rate this step uses
         out, loss = optimizer_step(loop.model, loop.optimizer, inputs, target, loss_fn=loop.loss_fn,
                                    scaler=loop.scaler, device=loop.device, dtype=loop.dtype, grad_clip=loop.grad_clip)
-        if loop.scheduler is not None and loop.scheduler_step == "batch":
+        if loop.scheduler is not None and loop.scheduler_step == "batch" and loop.pace is None:
             loop.scheduler.step()
         loop.iteration += 1
         meter.add(loss, out, target, lr)
         loop.after_step(meter, b, per_epoch, epoch_rng, loss)
+        if loop.pace is not None and loop.pace.after_step(loop.iteration):
+            loop.stopped = True
+            break
 
 
 def _end_epoch(loop: _Loop, meter: EpochMeter) -> None:
     """Flush the meter, step a per-epoch scheduler, validate, record the epoch, write the checkpoint."""
     meter.flush(loop.history)
-    if loop.scheduler is not None and loop.scheduler_step == "epoch":
+    if loop.scheduler is not None and loop.scheduler_step == "epoch" and loop.pace is None:
         loop.scheduler.step()
     record = meter.record(loop.iteration, loop.optimizer.param_groups[0]["lr"])
     if loop.val_loader is not None and not loop.val_every:
@@ -458,7 +506,7 @@ def fit(model: nn.Module, train_loader, *, epochs: int, optimizer: torch.optim.O
         scheduler_step: str = "epoch", amp=False, grad_clip: float | None = None, host_inputs=(),
         checkpoint: str | Path | None = None, checkpoint_every: int | None = None, resume: bool = False,
         extra: dict | None = None, save_checkpoints: bool = True, progress: bool = True,
-        callback: Callable[[dict], None] | None = None) -> History:
+        callback: Callable[[dict], None] | None = None, time_limit_s: float | None = None) -> History:
     """Train ``model`` for ``epochs`` and return its ``History`` (MATLAB ``trainnet``; notebooks 00 and 01).
 
     - ``device``: ``"auto" | "cpu" | "cuda[:N]" | "mps"``; model and batches are moved there.
@@ -471,6 +519,7 @@ def fit(model: nn.Module, train_loader, *, epochs: int, optimizer: torch.optim.O
       (bit-identical on the CPU with ``num_workers=0`` and the global RNG seeded).
     - ``extra``: plain data stored in the checkpoint beside the weights (e.g. the label encoder's classes).
     - ``save_checkpoints=False`` reads ``checkpoint`` to resume but never writes it (DDP ranks other than 0).
+    - ``time_limit_s``: a time budget (``TimePace``): ``epochs`` is the plan, the schedule follows the clock.
     """
     if scheduler_step not in ("batch", "epoch"):
         raise ValueError(f"scheduler_step must be 'batch' or 'epoch', not {scheduler_step!r}")
@@ -490,11 +539,15 @@ def fit(model: nn.Module, train_loader, *, epochs: int, optimizer: torch.optim.O
     loop.bar = tqdm(total=epochs * per_epoch, initial=start * per_epoch + skip, desc="training", unit="it") \
         if progress else None
     model.train()
+    loop.pace = None if time_limit_s is None else TimePace(time_limit_s, epochs * per_epoch, scheduler,
+                                                           scheduler_step, per_epoch)
     for epoch in range(start, epochs):
         meter = EpochMeter(epoch, loop.iteration, totals)
         _train_epoch(loop, train_loader, meter, skip, resume_rng)
         _end_epoch(loop, meter)
         skip, totals, resume_rng = 0, None, None
-    if loop.bar is not None:
-        loop.bar.close()
+        if loop.stopped:
+            loop.history.epochs[-1]["partial"] = loop.iteration % per_epoch != 0
+            break
+    loop.bar.close() if loop.bar is not None else None
     return loop.history

@@ -157,13 +157,13 @@ def test_budget_chooses_epochs_from_the_measured_speed(capsys):
     # 50,000 images over 2 ranks at 1,000 images/s: 25 s of steps + 5 s making the batches at 5,000 images/s
     # + 1 s validating 3,000 images per epoch
     speeds = {"model_images_per_s": 1000.0, "input_images_per_s": 5000.0}
-    assert distributed._budget_epochs(args, me, speeds, 50000) == int(600 * 0.92 / 31) == 17
-    assert "about 31 s per epoch → 17 epochs" in capsys.readouterr().out
+    assert distributed._budget_epochs(args, me, speeds, 50000, 1.0) == int(600 * 0.92 / 31) == 17
+    assert "about 31.0 s per epoch (1.0 s of it validation) → 17 epochs planned" in capsys.readouterr().out
     args.loader, args.workers = "dataloader", 4  # worker processes make the batches while the model steps
-    assert distributed._budget_epochs(args, me, {**speeds, "input_images_per_s": 500.0}, 50000) == int(552 / 51)
-    assert distributed._budget_epochs(args, me, speeds, 50000) == int(552 / 26)
+    assert distributed._budget_epochs(args, me, {**speeds, "input_images_per_s": 500.0}, 50000, 1.0) == int(552 / 51)
+    assert distributed._budget_epochs(args, me, speeds, 50000, 1.0) == int(552 / 26)
     args.loader = "device"  # a one-batch loader measures no input speed: the steps alone
-    assert distributed._budget_epochs(args, me, {**speeds, "input_images_per_s": 0.0}, 50000) == int(552 / 26)
+    assert distributed._budget_epochs(args, me, {**speeds, "input_images_per_s": 0.0}, 50000, 1.0) == int(552 / 26)
     args.budget_min = 0
     assert distributed._budget_epochs(args, me, {}, 50000) == args.epochs
 
@@ -171,12 +171,15 @@ def test_budget_chooses_epochs_from_the_measured_speed(capsys):
 def test_budget_run_end_to_end(tmp_path):
     """A budgeted run measures its speed, picks its epochs, trains them, and records both throughputs."""
     import json
+    import math
 
     out = tmp_path / "r.json"
     launch(1, ["--synthetic", "200", "--widths", "8,8,8", "--depth", "1", "--batch-size", "50", "--budget-min", "0.1",
                "--schedule", "piecewise", "--drop-period", "0", "--out", out], torchrun=False, echo=False, timeout=240)
     rec = json.loads(out.read_text())
-    assert rec["epochs"] >= 1 and len(rec["history"]["epochs"]) == rec["epochs"]
+    assert rec["epochs"] > 0 and len(rec["history"]["epochs"]) == math.ceil(rec["epochs"]) <= rec["planned_epochs"]
+    assert rec["train_wall_s"] <= 6 * 1.03 + 1, "training (validation included) ends at its 6-s budget"
+    assert rec["validation_s"] > 0, "the plan timed a validation pass"
     assert rec["input_images_per_s"] > 0 and rec["model_images_per_s"] > 0 and "input_bound" in rec
 
 

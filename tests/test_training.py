@@ -2,6 +2,7 @@
 import os
 import signal
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -253,3 +254,40 @@ def test_resume_loads_rng_states_on_the_cpu_whatever_the_device(tmp_path, monkey
     assert [e["epoch"] for e in hist.epochs] == [1, 2]
     with pytest.raises(TypeError):  # what resuming did before: RNG states mapped off the CPU
         training._set_rng_state(training.load_checkpoint(path, map_location="meta")["rng"])
+
+
+def _pace_run(limit_s, epochs, schedule="onecycle"):
+    from helpers.schedules import make_scheduler
+
+    torch.manual_seed(0)
+    x = torch.randn(1024, 16)
+    loader = DataLoader(TensorDataset(x, x[:, :4].argmax(1)), batch_size=32, shuffle=True)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sched, on = make_scheduler(schedule, opt, epochs=epochs, steps_per_epoch=len(loader), drop_period=None)
+    t0 = time.perf_counter()
+    history = fit(model, loader, epochs=epochs, optimizer=opt, scheduler=sched, scheduler_step=on, device="cpu",
+                  progress=False, time_limit_s=limit_s)
+    return history, time.perf_counter() - t0, model
+
+
+def test_time_limit_stops_on_time_and_the_schedule_still_completes():
+    """A plan far longer than 0.8 s allows (300 epochs): fit stops at the limit, mid-epoch, and OneCycle has run
+    its whole course (peak reached, rate annealed to its end) — the plan's error does not matter."""
+    history, seconds, _ = _pace_run(0.8, 300)
+    assert 0.8 <= seconds < 0.8 + 1.0, "stops at the limit (one step of a tiny MLP past it, plus set-up)"
+    assert history.epochs[-1]["partial"] is True and len(history.epochs) < 300
+    lrs = [i["lr"] for i in history.iterations]
+    assert max(lrs) > 0.09, "the peak of the cycle was reached"
+    assert lrs[-1] < 0.02 * max(lrs), "and the rate annealed to the end of the cycle"
+
+
+@pytest.mark.parametrize("schedule", ["onecycle", "piecewise"])
+def test_time_limit_changes_nothing_when_the_plan_fits(schedule):
+    """A loop faster than its budget trains exactly the planned steps with exactly the unbudgeted schedule."""
+    paced, _, paced_model = _pace_run(600.0, 2, schedule)
+    plain, _, plain_model = _pace_run(None, 2, schedule)
+    assert [i["lr"] for i in paced.iterations] == [i["lr"] for i in plain.iterations]
+    assert len(paced.epochs) == 2 and not paced.epochs[-1].get("partial")
+    for a, b in zip(paced_model.parameters(), plain_model.parameters()):
+        assert torch.equal(a, b)
