@@ -9,6 +9,7 @@ import inspect
 import math
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -39,6 +40,7 @@ class Lesson:
     hardware: dict
     reference: dict = field(default_factory=dict)
     budget_s: float | None = None
+    started: float = field(default_factory=time.monotonic)  # when setup() ran: budget_s counts from here
 
     @property
     def on_gpu(self) -> bool:
@@ -59,16 +61,33 @@ class Lesson:
 
     def within_budget(self, wanted: int, seconds_each: float, *, share: float = 1.0, minimum: int = 1,
                       what: str = "epochs") -> int:
-        """How many of ``wanted`` units (epochs, runs) fit in ``share`` of ``budget_s`` at ``seconds_each``; all of
+        """How many of ``wanted`` units (epochs, runs) fit in ``share`` of the budget left at ``seconds_each``; all of
         them when there is no budget. Prints what it chose, so a budgeted run says what it left out (``make
         gpu-check`` sets ``budget_s``)."""
         if self.budget_s is None:
             return wanted
-        fit = int(self.budget_s * share // max(seconds_each, 1e-9))
+        left = self.seconds_left(share)
+        fit = int(left // max(seconds_each, 1e-9))
         chosen = max(minimum, min(wanted, fit))
-        print(f"time budget: {self.budget_s * share:.0f} s at about {seconds_each:.1f} s each → {chosen} of {wanted} "
-              f"{what}" + ("" if chosen == wanted else " (the full run: budget_s = None)"))
+        print(f"time budget: {left:.0f} s ({share:.0%} of what is left) at about {seconds_each:.2g} s each → "
+              f"{chosen} of {wanted} {what}" + ("" if chosen == wanted else " (the full run: budget_s = None)"))
         return chosen
+
+    def seconds_left(self, share: float = 1.0) -> float | None:
+        """Seconds of ``budget_s`` not yet spent (times ``share``), None without a budget (``make gpu-check``)."""
+        if self.budget_s is None:
+            return None
+        return max(0.0, share * (self.budget_s - (time.monotonic() - self.started)))
+
+    def affords(self, seconds: float, what: str, *, share: float = 1.0) -> bool:
+        """True when ``share`` of the budget left covers ``seconds`` (always without a budget); else says what is
+        left out and returns False (notebook 08: a compile that would not fit)."""
+        left = self.seconds_left(share)
+        if left is None or left >= seconds:
+            return True
+        print(f"time budget: {what} left out (needs about {seconds:.0f} s, {left:.0f} s left; the full run: "
+              "budget_s = None)")
+        return False
 
     def work_dir(self) -> Path:
         """This run's scratch folder (see ``helpers.results.work_dir``)."""
@@ -99,6 +118,8 @@ def setup(notebook: str, quick: bool, device: str, *, needs: str | None = "gpu",
     quick, device = course_parameters(quick, device)
     dev = devices.make_current(devices.pick_device(device))
     lesson = Lesson(notebook, quick, dev, devices.describe(), results.load_reference(notebook), budget_s)
+    if budget_s is not None:
+        print(f"time budget: {budget_s:.0f} s for this notebook (make gpu-check); what is sized to fit it says so")
     _display_markdown(f"**Your hardware** (this notebook runs on `{dev}`, quick mode: {quick})\n\n"
                       + devices.describe_markdown(lesson.hardware))
     if (needs == "gpu" and not lesson.on_gpu) or (needs == "cuda" and dev.type != "cuda"):

@@ -28,8 +28,11 @@ def loader_workers(cap: int = 8) -> int:
     """DataLoader worker processes to use: the usable cores minus one for the main process, at most ``cap``.
 
     Never ``os.cpu_count()`` raw: GPU nodes report 100+ cores, and each worker costs memory (and shared memory,
-    which containers keep small). Notebook 04 measures what workers buy.
+    which containers keep small). Notebook 04 measures what workers buy. ``$COURSE_LOADER_WORKERS`` caps it
+    (``make gpu-check`` sets 0 where ``/dev/shm`` is too small for workers to hand batches over).
     """
+    env = os.environ.get("COURSE_LOADER_WORKERS", "")
+    cap = min(cap, int(env)) if env.isdigit() else cap
     return max(0, min(cap, usable_cpus() - 1))
 
 
@@ -122,30 +125,49 @@ def make_current(device: str | torch.device) -> torch.device:
     return device
 
 
+def _precision_flags() -> list:
+    """``(label, module, attribute)`` for each flag that sets fp32 precision on this torch: matmul, cuDNN conv and
+    cuDNN RNN (torch >= 2.9), or the two ``allow_tf32`` flags of older torch (cuBLAS, and one for all of cuDNN)."""
+    b = torch.backends
+    if hasattr(b.cuda.matmul, "fp32_precision") and hasattr(b.cudnn, "conv"):  # torch >= 2.9
+        flags = [("matmul", b.cuda.matmul, "fp32_precision"), ("cuDNN conv", b.cudnn.conv, "fp32_precision")]
+        if hasattr(getattr(b.cudnn, "rnn", None), "fp32_precision"):
+            flags.append(("cuDNN RNN", b.cudnn.rnn, "fp32_precision"))
+        return flags
+    return [("matmul allow_tf32", b.cuda.matmul, "allow_tf32"), ("cuDNN allow_tf32", b.cudnn, "allow_tf32")]
+
+
 @contextlib.contextmanager
 def float32_precision(mode: str):
-    """Within the block, fp32 matmuls *and* convolutions run as ``"ieee"`` fp32 or as ``"tf32"`` (notebooks 02, 06).
+    """Within the block, fp32 matmuls, cuDNN convolutions *and* cuDNN RNNs run as ``"ieee"`` fp32 or as ``"tf32"``
+    (taught in notebook 08; every fp32 timing from notebook 02 on runs inside it).
 
-    On Ampere and newer GPUs cuDNN convolutions default to TF32 while matmuls default to fp32, so an "fp32"
-    timing of a conv net is really TF32 unless someone says otherwise. Measurements that compare precisions set it
-    explicitly with this and label TF32 as its own row. No effect on CPUs; the previous settings come back after.
+    On Ampere and newer GPUs cuDNN convolutions and RNNs default to TF32 while matmuls default to fp32, so an
+    "fp32" timing of a conv net or an LSTM is really TF32 unless someone says otherwise. Measurements that compare
+    precisions set it explicitly with this and label TF32 as its own row. torch >= 2.9 has one ``fp32_precision``
+    per backend and operation (each set here, the RNN one where it exists); older torch has ``allow_tf32`` for
+    cuBLAS and one for all of cuDNN. No effect on CPUs; the previous settings come back after.
     """
     if mode not in ("ieee", "tf32"):
         raise ValueError(f"mode must be 'ieee' (true fp32) or 'tf32', not {mode!r}")
-    new_api = hasattr(torch.backends.cuda.matmul, "fp32_precision") and hasattr(torch.backends.cudnn, "conv")
-    if new_api:  # torch >= 2.9
-        saved = (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision)
-        torch.backends.cuda.matmul.fp32_precision = torch.backends.cudnn.conv.fp32_precision = mode
-    else:
-        saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = mode == "tf32"
+    flags = _precision_flags()
+    saved = [getattr(obj, attr) for _, obj, attr in flags]
+    for _, obj, attr in flags:
+        setattr(obj, attr, mode if attr == "fp32_precision" else mode == "tf32")
     try:
         yield mode
     finally:
-        if new_api:
-            torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = saved
-        else:
-            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+        for (_, obj, attr), value in zip(flags, saved):
+            setattr(obj, attr, value)
+
+
+def float32_settings() -> dict:
+    """The fp32 precision in force per operation, read without assuming a torch version (notebook 08).
+
+    torch >= 2.9: ``{"matmul": ..., "cuDNN conv": ..., "cuDNN RNN": ...}``, the ``fp32_precision`` values
+    (``"none"``: the global default, which is fp32); older torch: the two ``allow_tf32`` flags (True: TF32 allowed).
+    """
+    return {label: getattr(obj, attr) for label, obj, attr in _precision_flags()}
 
 
 def synchronize(device: str | torch.device) -> None:

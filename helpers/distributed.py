@@ -63,6 +63,8 @@ def _parse(argv):
     ap.add_argument("--train-limit", type=int, default=0, help="train on a fixed random subset of N images (0: all)")
     ap.add_argument("--amp", action="store_true", help="torch.amp autocast (bf16 on CPU/recent GPUs, else fp16)")
     ap.add_argument("--channels-last", action="store_true")
+    ap.add_argument("--fp32-precision", choices=["ieee", "tf32"], default="ieee",
+                    help="float32 matmuls, cuDNN convolutions and RNNs: true fp32 (ieee) or TF32 on Ampere+ GPUs")
     ap.add_argument("--workers", type=int, default=0, help="DataLoader worker processes per rank (--loader dataloader)")
     ap.add_argument("--loader", choices=["device", "dataloader"], default="device",
                     help="device: images kept on the device, batches augmented there (DeviceLoader); dataloader: "
@@ -354,7 +356,8 @@ def train(args, me: Rank) -> None:
     autocast = resolve_amp(args.amp, me.device)
     me.log(f"{how}, {len(r.loader.dataset)} training images from {r.train_set.source}, batch {args.batch_size} per "
            f"rank = {args.batch_size * me.world} global, lr {lr:.4g} ({args.schedule}), {len(r.loader)} steps per epoch, "
-           f"autocast {str(autocast).replace('torch.', '') if autocast else 'off (fp32)'}"
+           f"autocast {str(autocast).replace('torch.', '') if autocast else 'off'}, float32 precision "
+           f"{args.fp32_precision}"
            + (" — this CPU has no bf16 instructions, so --amp leaves fp32 on" if args.amp and not autocast else ""))
     t_fit = time.perf_counter()
     history = fit(r.net, r.loader, epochs=args.epochs, optimizer=r.opt, device=me.device, val_loader=r.val_loader,
@@ -373,10 +376,13 @@ def main(argv=None) -> int:
     """The torchrun entry point: join the process group, train, leave it (notebook 05)."""
     import torch.distributed as dist
 
+    from .devices import float32_precision
+
     args = _parse(argv)
     me = _join(args)
     try:
-        train(args, me)
+        with float32_precision(args.fp32_precision):  # "fp32" means fp32 unless TF32 is asked for (lesson 08)
+            train(args, me)
         if me.use_pg:
             dist.barrier()
     finally:

@@ -24,7 +24,9 @@ class SequenceClassifier(nn.Module):
     ``fullyConnectedLayer(K)``, ``softmaxLayer`` (the softmax lives in ``nn.CrossEntropyLoss`` here).
     ``forward(x, lengths)`` takes ``x`` of shape ``(B, T_max, F)`` and ``lengths``, a CPU ``int64`` tensor.
     With packing, the final hidden state of the forward direction is the output at each sequence's own
-    last step (never at a padded step); the backward direction's final state summarises the whole sequence.
+    last step (never at a padded step); the backward direction's final state is its state at t = 0, after the
+    whole sequence. MATLAB's ``OutputMode="last"`` takes the layer's output at the last time step instead, where
+    the backward direction has read one element (notebook 01 says how to reproduce that).
     """
 
     def __init__(self, n_features: int, n_classes: int, hidden: int = 100, bidirectional: bool = False,

@@ -411,12 +411,13 @@ def memory_budget(device: str | torch.device, limit_mb: float | None):
 
 def find_max_batch(measure: Callable[[int], float], *, start: int = 8, cap: int | None = None,
                    resolution: float = 0.05, device: str | torch.device = "cpu", deadline: float | None = None,
-                   log: Callable[[str], None] = print) -> dict:
+                   min_trials: int = 3, log: Callable[[str], None] = print) -> dict:
     """The largest batch whose step fits: double until out of memory, then bisect, recovering each time (notebook 09).
 
     ``measure(batch)`` runs a step and returns its peak MB, raising ``torch.OutOfMemoryError`` when it does not fit
     (the real CUDA error, or ``planted_limit``'s). Bisection stops when the gap is within ``resolution`` of the
-    batch; ``cap`` bounds the batch and ``deadline`` (a ``time.monotonic()`` value) the search time.
+    batch; ``cap`` bounds the batch and ``deadline`` (a ``time.monotonic()`` value) the search time, though never
+    before ``min_trials`` trials (a search that starts late still finds something).
     """
     trials = {}
 
@@ -431,7 +432,7 @@ def find_max_batch(measure: Callable[[int], float], *, start: int = 8, cap: int 
         return False
 
     def late() -> bool:
-        return deadline is not None and time.monotonic() > deadline
+        return deadline is not None and time.monotonic() > deadline and len(trials) >= min_trials
 
     lo, hi, batch, stopped = 0, None, start, None
     while hi is None and stopped is None:

@@ -147,3 +147,22 @@ def time_train_step(model: nn.Module, batch, device: str | torch.device = "auto"
     t.items = int(target.shape[0])
     t.peak_memory_mb = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
     return t
+
+
+def ceiling_fractions(achieved_gflops: dict, ceiling_gflops: float, *, precision: str = "fp32") -> dict:
+    """Each achieved rate as a fraction of a measured ceiling of the *same* precision (notebook 02).
+
+    ``achieved_gflops`` maps a label to GFLOP/s, ``ceiling_gflops`` is the best rate measured for ``precision``.
+    A fraction above 1 means the ceiling was not one: most often the two sides ran in different precisions (a
+    convolution left in cuDNN's default TF32 against a true-fp32 matmul), or the ceiling's sizes were too small
+    to reach the device's peak. That raises ``ValueError`` rather than draw a bar above 100 %.
+    """
+    if ceiling_gflops <= 0:
+        raise ValueError(f"the {precision} ceiling must be a positive rate, not {ceiling_gflops}")
+    fractions = {label: rate / ceiling_gflops for label, rate in achieved_gflops.items()}
+    above = {label: round(f, 3) for label, f in fractions.items() if f > 1}
+    if above:
+        raise ValueError(f"fraction of the {precision} ceiling above 1 for {above}: the ceiling "
+                         f"({ceiling_gflops:.4g} GFLOP/s) and the workloads were not measured alike (precision: set "
+                         "both with helpers.devices.float32_precision), or the ceiling's matrices were too small")
+    return fractions

@@ -172,3 +172,43 @@ def test_bf16_autocast_needs_native_bf16_on_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", old_torch)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (7, 0))
     assert training.cuda_bf16_native() is False
+
+
+def test_float32_precision_sets_the_cudnn_rnn_flag_too_and_restores():
+    """cuDNN RNNs default to TF32 as convolutions do (lesson 06's "fp32" LSTM rows would be TF32 without this)."""
+    rnn = torch.backends.cudnn.rnn
+    before = rnn.fp32_precision
+    assert before == "tf32", "cuDNN RNNs default to TF32: the reason 'fp32' must set the RNN flag as well"
+    with devices.float32_precision("ieee"):
+        assert rnn.fp32_precision == "ieee"
+        assert devices.float32_settings() == {"matmul": "ieee", "cuDNN conv": "ieee", "cuDNN RNN": "ieee"}
+    assert rnn.fp32_precision == before
+    with pytest.raises(RuntimeError):
+        with devices.float32_precision("ieee"):
+            raise RuntimeError("an error inside the block")
+    assert rnn.fp32_precision == before, "restored when the block raises, too"
+
+
+def test_float32_precision_without_the_rnn_flag(monkeypatch):
+    """A torch with matmul/conv fp32_precision but no cudnn.rnn.fp32_precision: the two it has are set."""
+    import types
+
+    monkeypatch.setattr(torch.backends.cudnn, "rnn", types.SimpleNamespace())
+    flags = devices._precision_flags()
+    assert [label for label, _, _ in flags] == ["matmul", "cuDNN conv"]
+    with devices.float32_precision("ieee"):
+        assert torch.backends.cudnn.conv.fp32_precision == "ieee"
+
+
+def test_float32_precision_on_torch_before_2_9(monkeypatch):
+    """Without the fp32_precision API: the two allow_tf32 flags (cuBLAS, and all of cuDNN) are set and restored."""
+    import types
+
+    matmul = types.SimpleNamespace(allow_tf32=True)
+    monkeypatch.setattr(torch.backends.cuda, "matmul", matmul)
+    assert [(obj, attr) for _, obj, attr in devices._precision_flags()] == [(matmul, "allow_tf32"),
+                                                                            (torch.backends.cudnn, "allow_tf32")]
+    assert set(devices.float32_settings()) == {"matmul allow_tf32", "cuDNN allow_tf32"}
+    with devices.float32_precision("ieee"):
+        assert matmul.allow_tf32 is False
+    assert matmul.allow_tf32 is True

@@ -104,3 +104,22 @@ def test_nbval_fails_when_a_checked_output_changes(tmp_path):
                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert run.returncode == 1, run.stdout[-2000:]
     assert "41" in run.stdout and "42" in run.stdout
+
+
+def test_a_budgeted_notebook_sizes_its_training_to_the_time_left(tmp_path):
+    """make gpu-check's path through a notebook: budget_s set, the training limited in time (fit's TimePace) and
+    the results recording the budget. Lesson 06 (quick) takes its budget branches: epochs from a probe, a time limit
+    per precision, each printed. The full-mode proof of every notebook is the CPU rehearsal (README)."""
+    os.environ["COURSE_RESULTS_DIR"] = str(tmp_path / "results")
+    try:
+        out = tmp_path / "06.ipynb"
+        pm.execute_notebook(str(ROOT / "notebooks" / "06_mixed_precision.ipynb"), str(out),
+                            parameters={"quick": True, "device": "cpu", "budget_s": 20}, kernel_name="python3",
+                            cwd=str(ROOT / "notebooks"), progress_bar=False)
+    finally:
+        os.environ["COURSE_RESULTS_DIR"] = str(ROOT / "build" / "test-results")
+    text = "".join(o.get("text", "") for c in nbformat.read(out, as_version=4).cells for o in c.get("outputs", [])
+                   if o.get("output_type") == "stream")
+    assert "time budget: 20 s for this notebook" in text and "of 2 epochs" in text, text[-2000:]
+    rec = json.loads((tmp_path / "results" / "06_mixed_precision.json").read_text())
+    assert rec["budget_s"] == 20 and rec["quick"] is True

@@ -251,3 +251,15 @@ def test_fully_shard_halves_what_each_of_two_ranks_holds(tmp_path):
         assert f["held_mb"] == pytest.approx(expected / 2, rel=0.05)
         assert f["peak_mb"] < d["peak_mb"]
     assert found["max_loss_difference"] < 1e-5, "sharding must not change the arithmetic"
+
+
+def test_find_max_batch_tries_a_minimum_before_its_deadline():
+    """A search that starts after its deadline (lesson 09 once counted it from the notebook's start) still tries
+    ``min_trials`` batches rather than recording 0."""
+    import time
+
+    from helpers.profiling import find_max_batch
+
+    found = find_max_batch(lambda b: float(b), start=8, cap=4096, deadline=time.monotonic() - 1, min_trials=3,
+                           log=lambda _: None)
+    assert list(found["trials"]) == [8, 16, 32] and found["max_batch"] == 32 and found["stopped"] == "time"

@@ -102,3 +102,16 @@ def test_time_train_step_options_reach_the_step(monkeypatch):
     t = timing.time_train_step(model, batch, "cpu", batch_on_host=True, min_run_time=0.02)
     assert seen["dtype"] is None and seen["optimizer"] == "SGD"
     assert len(moves) > t.runs, "with batch_on_host every step moves its batch"
+
+
+def test_ceiling_fractions_never_exceed_one():
+    """Notebook 02's "fraction of the ceiling": at most 1, and a ratio above 1 (TF32 steps against a true-fp32
+    ceiling) is an error, not a bar above 100 %."""
+    fractions = timing.ceiling_fractions({"conv net": 30.0, "BiLSTM": 3.0}, 120.0)
+    assert fractions == {"conv net": 0.25, "BiLSTM": 0.025}
+    assert all(0 < f <= 1 for f in fractions.values())
+    assert timing.ceiling_fractions({"at the ceiling": 120.0}, 120.0) == {"at the ceiling": 1.0}
+    with pytest.raises(ValueError, match=r"above 1 .*conv net"):
+        timing.ceiling_fractions({"conv net": 150.0, "BiLSTM": 3.0}, 120.0)
+    with pytest.raises(ValueError, match="positive"):
+        timing.ceiling_fractions({"conv net": 1.0}, 0.0)

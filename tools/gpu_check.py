@@ -163,7 +163,7 @@ def main(argv=None) -> int:
     device = check_device(args.device, args.allow_cpu)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    from preflight_node import node_preflight  # beside this script (its folder is first on sys.path)
+    from preflight_node import node_preflight  # beside this script (Python looks first in a script's folder)
 
     pre = node_preflight(out, device)
     (out / "preflight.txt").write_text("\n".join(pre["lines"]) + "\n", encoding="utf-8")

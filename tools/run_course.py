@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -162,7 +163,12 @@ def _parse(argv):
     return ap.parse_args(argv)
 
 
+def _terminate(signum, frame):
+    raise SystemExit(128 + signum)  # so a `kill` of the runner also stops the notebook's tree (run_one)
+
+
 def main(argv=None) -> int:
+    signal.signal(signal.SIGTERM, _terminate)
     args = _parse(argv)
     try:
         pick_device(args.device)  # fail before starting any kernel
