@@ -1,0 +1,226 @@
+"""The speed of light: what the hardware can do, and the step time that implies (taught in notebook 08; the
+predicted GPU numbers of notebooks 01-06 are built with it).
+
+- ``measured_ceilings`` measures this machine once (the best matmul FLOP/s per dtype over a few large sizes, the
+  memory bandwidth of a copy far larger than the caches, the cost of one tiny operator) with the measurements of
+  ``helpers.regimes``, and caches the result per machine and torch version in the user's cache folder;
+- ``datasheet`` reads ``data/gpu_datasheet.json``: dense peak FLOP/s per dtype, memory bandwidth and host link of the
+  GPUs a learner may meet or rent, each number with its source; ``datasheet_ceilings`` turns an entry into ceilings;
+- ``predict_step`` is a per-operator roofline: it turns the counts of ``helpers.stepwork.count_step`` and a set of
+  ceilings into a predicted step time and names the regime that binds. Nothing here is fitted to a measurement.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+SCHEMA = 1
+MIB = 2**20
+# Square matmul sizes searched per device type, and the dtypes measured (a "maximum achievable matmul" search:
+# the best of several sizes, since one size can miss the tiling a library does best).
+MATMUL_SIZES = {"cpu": (512, 1024, 2048), "cuda": (4096, 6144, 8192), "mps": (2048, 3072, 4096)}
+MATMUL_DTYPES = {"cpu": ("float32", "bfloat16"), "cuda": ("float32", "tf32", "bfloat16", "float16"),
+                 "mps": ("float32", "float16", "bfloat16")}
+
+
+def cache_dir() -> Path:
+    """Where measured ceilings are kept: ``$XDG_CACHE_HOME/gpu-course`` (default ``~/.cache/gpu-course``) (notebook 08).
+
+    Per user and machine, not per run or per checkout; ``make gpu-check`` points ``XDG_CACHE_HOME`` into its output.
+    """
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "gpu-course"
+
+
+def ceilings_key(device: torch.device) -> str:
+    """The cache key of ``device``'s ceilings: hardware name, device, torch version and CPU threads (notebook 08)."""
+    from .devices import hardware_name
+
+    text = f"{hardware_name()}-{device}-torch{torch.__version__}-{torch.get_num_threads()}threads"
+    return re.sub(r"[^A-Za-z0-9.+-]+", "-", text)
+
+
+def last_level_cache_bytes(device: torch.device) -> int:
+    """The largest cache in front of ``device``'s memory: a CUDA GPU's L2, the CPU's last-level cache (Linux), else
+    64 MiB (notebook 08)."""
+    if device.type == "cuda":
+        return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 64 * MIB))
+    sizes = []
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size") if device.type == "cpu" else ():
+        m = re.fullmatch(r"(\d+)([KMG]?)", f.read_text().strip())
+        if m:
+            sizes.append(int(m[1]) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[m[2]])
+    return max(sizes, default=64 * MIB)
+
+
+def copy_elements(device: torch.device) -> int:
+    """fp32 values per array of the bandwidth copy: each array twice the largest cache and at least 256 MiB, so
+    source and destination together are at least four times the cache (at most an eighth of free memory)."""
+    nbytes = max(256 * MIB, 2 * last_level_cache_bytes(device))
+    if device.type == "cuda":
+        nbytes = min(nbytes, torch.cuda.mem_get_info(device)[0] // 8)
+    elif hasattr(os, "sysconf") and "SC_AVPHYS_PAGES" in os.sysconf_names:
+        nbytes = min(nbytes, os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 8)
+    return nbytes // 4
+
+
+def matmul_peak(device, dtypes=None, sizes=None, min_run_time: float = 0.1) -> dict:
+    """The best matmul FLOP/s per dtype over several square sizes, with every size's rate (notebook 08).
+
+    Uses ``helpers.regimes.matmul_rate``. ``"tf32"`` is fp32 inputs with TF32 tensor cores allowed, ``"float32"``
+    true fp32 (``helpers.devices.float32_precision``); a dtype the device cannot multiply is skipped.
+    """
+    from .devices import float32_precision
+    from .regimes import matmul_rate
+
+    device = torch.device(device)
+    best, points = {}, []
+    for name in dtypes or MATMUL_DTYPES.get(device.type, ("float32",)):
+        dtype = torch.float32 if name == "tf32" else getattr(torch, name)
+        with float32_precision("tf32" if name == "tf32" else "ieee"):
+            for n in sizes or MATMUL_SIZES.get(device.type, (1024,)):
+                try:
+                    rate = matmul_rate(n, device, dtype=dtype, min_run_time=min_run_time)["gflops"] * 1e9
+                except (RuntimeError, TypeError) as err:  # a dtype this device has no matmul for
+                    points.append({"dtype": name, "n": n, "error": str(err).splitlines()[0][:120]})
+                    break
+                points.append({"dtype": name, "n": n, "flops_per_s": rate})
+                best[name] = max(best.get(name, 0.0), rate)
+    return {"flops_per_s": best, "matmul": points}
+
+
+def _measure(device: torch.device, min_run_time: float) -> dict:
+    from .regimes import copy_bandwidth, overhead_rate
+
+    t0 = time.perf_counter()
+    found = matmul_peak(device, min_run_time=min_run_time)
+    n = copy_elements(device)
+    copy = copy_bandwidth(n, device, min_run_time=min_run_time)
+    tiny = overhead_rate(device, min_run_time=min_run_time)
+    return {**found, "bytes_per_s": copy["gbps"] * 1e9, "copy_bytes": 2 * n * 4, "op_s": tiny["us_per_op"] * 1e-6,
+            "launch_s": 0.0, "overlap": device.type in ("cuda", "mps"), "seconds_to_measure": time.perf_counter() - t0}
+
+
+def measured_ceilings(device="auto", *, refresh: bool = False, min_run_time: float = 0.1) -> dict:
+    """This machine's measured ceilings for ``device``, measured once and then read from the cache (notebook 08).
+
+    ``flops_per_s``: best matmul rate per dtype (``matmul_peak``); ``bytes_per_s``: a copy far larger than the
+    caches (``helpers.regimes.copy_bandwidth``, read + write counted); ``op_s``: seconds per tiny operator
+    (``helpers.regimes.overhead_rate``: Python, dispatch and, on a GPU, the launch, as the host issues them);
+    ``launch_s``: a device-side cost per kernel, 0 here (not measured); ``overlap``: whether the host runs ahead of
+    the device (a GPU) or does the work itself (a CPU). Cached as JSON under ``cache_dir()`` keyed by
+    ``ceilings_key``; ``refresh=True`` measures again. Never adjusted to make a prediction agree. The load
+    average at the time is recorded: ceilings measured while other programs ran (a load above the CPU count) are
+    low; measure again with ``refresh=True`` on a quiet machine.
+    """
+    from .devices import describe, pick_device, usable_cpus
+
+    device = pick_device(device)
+    path = cache_dir() / "ceilings" / f"{ceilings_key(device)}.json"
+    if path.exists() and not refresh:
+        found = json.loads(path.read_text())
+        if found.get("schema") == SCHEMA:
+            return {**found, "cache": str(path), "cached": True}
+    found = {"schema": SCHEMA, "key": ceilings_key(device), "device": str(device), "hardware": describe()["name"],
+             "torch": torch.__version__, "threads": torch.get_num_threads(),
+             "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+             "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None, "cpus": usable_cpus(),
+             **_measure(device, min_run_time)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(found, indent=1))
+    tmp.replace(path)  # atomic: two kernels measuring at once never leave half a file
+    return {**found, "cache": str(path), "cached": False}
+
+
+def datasheet_path() -> Path:
+    """``data/gpu_datasheet.json`` in the course's folder."""
+    from .results import project_root
+
+    return project_root() / "data" / "gpu_datasheet.json"
+
+
+def datasheet(path: str | Path | None = None) -> dict:
+    """The GPU datasheet: ``{gpu name: entry}``; each entry's numbers carry their source (notebook 08).
+
+    An entry has ``flops_per_s`` (``{dtype: {"value", "source", "quote", ...}}``, dense peaks only, FP32 and TF32
+    as separate rows), ``bytes_per_s`` and ``host_link`` (each ``{"value", "source", "quote", ...}``) and
+    ``sources`` (``{id: {"title", "url"}}``). A number not found in a source is left out, with a note.
+    """
+    data = json.loads(Path(path or datasheet_path()).read_text())
+    return data["gpus"]
+
+
+def datasheet_ceilings(entry: dict, *, op_s: float, launch_s: float = 0.0) -> dict:
+    """Ceilings in ``measured_ceilings``' form from one datasheet entry, for ``predict_step`` (notebook 08).
+
+    The host's ``op_s`` is the learner's own (the same Python dispatches for a GPU); ``launch_s`` a per-kernel
+    device cost from a cited source. A GPU runs asynchronously, so ``overlap`` is True. A PCIe host link of known
+    generation and width gives ``h2d_bytes_per_s``: its theoretical one-direction rate
+    (``helpers.transfer.pcie_theoretical``). An entry without a published peak (Apple) raises ``ValueError``.
+    """
+    from .transfer import pcie_theoretical
+
+    rates = {dtype: row["value"] for dtype, row in entry["flops_per_s"].items()}
+    if not rates:
+        raise ValueError(f"no published peak FLOP/s: {entry.get('missing', {}).get('flops_per_s', '')}")
+    link = entry.get("host_link", {})
+    found = {"flops_per_s": rates, "bytes_per_s": entry["bytes_per_s"]["value"], "op_s": op_s,
+             "launch_s": launch_s, "overlap": True}
+    if link.get("kind") == "PCIe" and link.get("generation") and link.get("lanes"):
+        found["h2d_bytes_per_s"] = pcie_theoretical(link["generation"], link["lanes"])["gbps"] * 1e9
+    return found
+
+
+def _peak(rates: dict, dtype: str) -> float:
+    """The peak for an operator's dtype, else the fp32 one; a dtype with neither is an error, not a guess."""
+    peak = rates.get(dtype) or rates.get("float32")
+    if not peak:
+        raise ValueError(f"the ceilings have no peak for {dtype} (nor float32): {sorted(rates)}")
+    return peak
+
+
+def predict_step(work, ceilings: dict) -> dict:
+    """Predict a training step's time from its counts and a machine's ceilings: a per-operator roofline (notebook 08).
+
+    Each operator's device time is ``max(flops / peak of its dtype, bytes / bandwidth)`` (compute- or memory-bound,
+    whichever is slower), plus ``launch_s`` per kernel; the host pays ``op_s`` per operator dispatched; a host→device
+    copy takes ``h2d_bytes / h2d_bytes_per_s`` when the ceilings know the link. Overlap: on a CPU the host does
+    the work itself, so the step is host + device time, summed; on a GPU (``overlap`` True) the host runs ahead of
+    the device, so the step is ``max(host, device)``, the slower of the two, not their sum. Returns seconds per
+    regime, the step, and ``bound``: ``"overhead"`` when the host's dispatching (or, summed, the per-operator costs)
+    takes longest, else ``"compute"``, ``"memory"`` or ``"transfer"``, the largest share of the device time.
+    ``work`` is a ``StepWork`` or its ``state_dict()``.
+    """
+    work = work.state_dict() if hasattr(work, "state_dict") else work
+    rates, bandwidth = ceilings["flops_per_s"], ceilings["bytes_per_s"]
+    compute_s = memory_s = 0.0
+    by_op: dict[str, float] = {}
+    for row in work["rows"]:
+        c = row["flops"] / _peak(rates, row["dtype"]) if row["flops"] else 0.0
+        m = row["bytes"] / bandwidth
+        seconds = max(c, m) * row["calls"]
+        compute_s, memory_s = (compute_s + seconds, memory_s) if c >= m else (compute_s, memory_s + seconds)
+        by_op[row["op"]] = by_op.get(row["op"], 0.0) + seconds
+    link = ceilings.get("h2d_bytes_per_s")
+    transfer_s = work.get("h2d_bytes", 0) / link if link else 0.0
+    launch_s = work["kernels"] * ceilings.get("launch_s", 0.0)
+    host_s = work["ops"] * ceilings["op_s"]
+    device_s = compute_s + memory_s + transfer_s + launch_s
+    overhead_s = host_s + launch_s
+    shares = {"compute": compute_s, "memory": memory_s, "transfer": transfer_s}
+    if ceilings.get("overlap"):
+        step_s = max(host_s, device_s)
+        bound = "overhead" if host_s >= device_s else max(shares, key=shares.get)
+    else:
+        step_s = host_s + device_s
+        bound = max({**shares, "overhead": overhead_s}.items(), key=lambda kv: kv[1])[0]
+    top = dict(sorted(by_op.items(), key=lambda kv: kv[1], reverse=True)[:8])
+    return {"step_s": step_s, "compute_s": compute_s, "memory_s": memory_s, "overhead_s": overhead_s,
+            "transfer_s": transfer_s, "host_s": host_s, "device_s": device_s, "bound": bound,
+            "overlap": bool(ceilings.get("overlap")), "top_ops_s": top}

@@ -1,0 +1,282 @@
+"""The work of one training step, counted: FLOPs, bytes each operator moves, operators launched, bytes copied to the
+device (taught in notebook 08; ``helpers.speedoflight`` turns the counts into a predicted step time).
+
+``count_step`` runs one real training step (forward, loss, backward, optimizer: ``helpers.training.optimizer_step``,
+the step ``fit`` takes and ``helpers.timing.time_train_step`` times) under two dispatch modes:
+
+- PyTorch's ``torch.utils.flop_counter.FlopCounterMode`` counts the FLOPs of matrix products, convolutions and
+  attention, forward and backward (one multiply-add = 2 FLOPs). It has no formula for the fused recurrent kernels
+  (cuDNN's ``aten._cudnn_rnn``, oneDNN's ``aten.mkldnn_rnn_layer`` on a CPU) nor for the CPU flash-attention
+  kernel: for those this module registers an analytic count (``ANALYTIC_OPS``, ``rnn_flops``) and the result names
+  every operator counted that way. ``aten.lstm`` itself never reaches a dispatch mode (it is a composite that
+  becomes one of those kernels, or per-step matrix products that the counter already counts), and
+  ``aten._thnn_fused_lstm_cell`` does only the elementwise gate arithmetic: its matrix products are separate
+  ``mm``/``addmm`` calls, already counted. Elementwise arithmetic is not counted anywhere: FLOPs here are the
+  matrix-engine work that model FLOPs utilisation (MFU) divides by a peak.
+- A mode of our own sees every ATen operator as it is dispatched and adds up, per operator, the bytes of the tensors
+  it reads and writes (each input read once, each output written once), how many operators run, and the bytes
+  copied host→device. The byte count is what an *unfused* eager step moves: an upper bound on what a fused program
+  needs (``torch.compile`` keeps intermediates in registers, notebook 08), and a lower bound for each operator as
+  run (a kernel that re-reads its inputs, like a tiled convolution, moves more).
+
+Counting costs time (a Python call per operator): count once per run, outside any timed region.
+"""
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+
+aten = torch.ops.aten
+GATES = {0: 1, 1: 1, 2: 4, 3: 3}   # cuDNN/oneDNN RNN mode -> gates: RNN_RELU, RNN_TANH, LSTM (i, f, g, o), GRU (r, z, n)
+_ALLOCATIONS = {aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty, aten.new_empty_strided}
+_COPIES = {aten._to_copy, aten.copy_, aten._copy_from, aten._copy_from_and_resize}
+
+
+def rnn_flops(input_size: int, hidden_size: int, *, steps: int, mode: str | int = "lstm", num_layers: int = 1,
+              bidirectional: bool = False, proj_size: int = 0) -> int:
+    """Forward FLOPs of a stacked (Bi)RNN/LSTM/GRU over ``steps`` (sequence, time) positions (notebook 08).
+
+    Per layer, direction and position: the gate pre-activations ``W_ih x + W_hh h`` are ``G·H`` outputs of
+    ``I_l + H_r`` inputs each, ``2·G·H·(I_l + H_r)`` FLOPs, with ``G`` gates (LSTM 4, GRU 3, plain RNN 1), ``I_l``
+    the layer's input width (``input_size``, then ``H_out × directions``) and ``H_r`` the recurrent width (``H``, or
+    ``proj_size`` with a projection, which adds ``2·H·P``). Biases and the elementwise gate arithmetic are left out,
+    as ``FlopCounterMode`` leaves them out of a ``Linear``. ``steps`` is ``T × B`` for padded input, or the sum of
+    the lengths (``sum(batch_sizes)``) for a packed sequence: padded positions of a packed sequence never run.
+    """
+    gates = GATES[{"rnn_relu": 0, "rnn_tanh": 1, "rnn": 1, "lstm": 2, "gru": 3}[mode] if isinstance(mode, str)
+                  else mode]
+    out = proj_size or hidden_size
+    directions = 2 if bidirectional else 1
+    total, width = 0, input_size
+    for _ in range(num_layers):
+        per_step = 2 * gates * hidden_size * (width + out) + (2 * hidden_size * proj_size if proj_size else 0)
+        total += directions * steps * per_step
+        width = out * directions
+    return total
+
+
+def _steps(input_shape) -> int:
+    """Positions an RNN kernel runs: every row of a packed ``(sum(lengths), I)`` or a padded ``(T, B, I)`` input."""
+    n = 1
+    for d in input_shape[:-1]:
+        n *= d
+    return n
+
+
+def _cudnn_rnn_flop(input, weight, weight_stride0, weight_buf, hx, cx, mode, hidden_size, proj_size, num_layers,
+                    batch_first, dropout, train, bidirectional, *args, out_shape=None, **kwargs) -> int:
+    return rnn_flops(input[-1], hidden_size, steps=_steps(input), mode=mode, num_layers=num_layers,
+                     bidirectional=bidirectional, proj_size=proj_size)
+
+
+def _cudnn_rnn_backward_flop(input, weight, weight_stride0, weight_buf, hx, cx, output, grad_output, grad_hy,
+                             grad_cy, mode, hidden_size, proj_size, num_layers, batch_first, dropout, train,
+                             bidirectional, batch_sizes, dropout_state, reserve, output_mask, *args, out_shape=None,
+                             **kwargs) -> int:
+    """cuDNN's backward always computes the data gradients (one forward's worth of products, the recurrence needs
+    them) and the weight gradients (one more) when ``output_mask[3]`` asks for them."""
+    forward = rnn_flops(input[-1], hidden_size, steps=_steps(input), mode=mode, num_layers=num_layers,
+                        bidirectional=bidirectional, proj_size=proj_size)
+    return forward * (1 + bool(output_mask[3]))
+
+
+def _mkldnn_layer_flop(input, w_ih, w_hh, *args, out_shape=None, **kwargs) -> int:
+    """oneDNN runs one layer and one direction per call: ``2·steps·(G·H)·(I + H)`` from the weights' shapes."""
+    return 2 * _steps(input) * w_ih[0] * (w_ih[1] + w_hh[1])
+
+
+def _mkldnn_layer_backward_flop(input, w_ih, w_hh, *args, out_shape=None, **kwargs) -> int:
+    """Data and weight gradients of one oneDNN layer: twice its forward products."""
+    return 2 * _mkldnn_layer_flop(input, w_ih, w_hh)
+
+
+def _cpu_flash_flop(query, key, value, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_flop_count(query, key, value)
+
+
+def _cpu_flash_backward_flop(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_backward_flop_count(grad_out, query, key, value)
+
+
+# Operators FlopCounterMode has no formula for, and the analytic count used instead (formulas take shapes).
+ANALYTIC_OPS = {
+    aten._cudnn_rnn: _cudnn_rnn_flop,
+    aten._cudnn_rnn_backward: _cudnn_rnn_backward_flop,
+    aten.mkldnn_rnn_layer: _mkldnn_layer_flop,
+    aten.mkldnn_rnn_layer_backward: _mkldnn_layer_backward_flop,
+    aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_flop,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_backward_flop,
+}
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes of the distinct elements of ``t``: a broadcast (stride 0) dimension is stored once (notebook 08)."""
+    if t.numel() == 0:
+        return 0
+    try:
+        n = 1
+        for size, stride in zip(t.shape, t.stride()):
+            n *= size if stride != 0 else 1
+    except RuntimeError:  # sparse and other layouts without strides
+        n = t.numel()
+    return n * t.element_size()
+
+
+def _distinct(tree) -> list:
+    seen, found = set(), []
+    for t in tree_leaves(tree):
+        if isinstance(t, torch.Tensor):
+            key = (t.data_ptr() if t.device.type != "meta" else id(t), tuple(t.shape), tuple(t.stride()), t.dtype)
+            if key not in seen:
+                seen.add(key)
+                found.append(t)
+    return found
+
+
+def _dtype_of(tensors) -> str:
+    """The dtype that sets an operator's arithmetic: its first floating-point tensor's (else its first tensor's)."""
+    floats = [t for t in tensors if t.is_floating_point()]
+    pick = floats[0] if floats else (tensors[0] if tensors else None)
+    return str(pick.dtype).removeprefix("torch.") if pick is not None else "none"
+
+
+class WorkCounter(TorchDispatchMode):
+    """A dispatch mode recording each ATen operator: FLOPs (from ``registry``), bytes in + out, host→device bytes.
+
+    ``registry`` is a ``FlopCounterMode``'s ``flop_registry``, so the per-operator FLOPs are the counter's own.
+    Operators without a FLOP formula that have a composite decomposition are decomposed first, as
+    ``FlopCounterMode`` does, so that both see the same operators (notebook 08).
+    """
+
+    def __init__(self, registry: dict):
+        super().__init__()
+        self.registry, self.rows, self.analytic = registry, Counter(), Counter()
+        self.ops = self.kernels = self.h2d_bytes = self.d2h_bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        packet = func._overloadpacket
+        if packet not in self.registry:
+            with self:
+                decomposed = func.decompose(*args, **kwargs)
+            if decomposed is not NotImplemented:
+                return decomposed
+        out = func(*args, **kwargs)
+        self._record(func, packet, args, kwargs, out)
+        return out
+
+    def _record(self, func, packet, args, kwargs, out) -> None:
+        inputs, outputs = _distinct((args, kwargs)), _distinct(out)
+        flops = self.registry[packet](*args, **kwargs, out_val=out) if packet in self.registry else 0
+        kernel = not func.is_view and packet not in _ALLOCATIONS
+        nbytes = sum(map(tensor_bytes, inputs + outputs)) if kernel else 0
+        self.ops += 1
+        self.kernels += kernel
+        if packet in ANALYTIC_OPS:
+            self.analytic[str(packet)] += flops
+        if packet in _COPIES and inputs and outputs:
+            src, dst = inputs[-1 if packet is aten.copy_ else 0].device.type, outputs[0].device.type
+            moved = tensor_bytes(outputs[0])
+            self.h2d_bytes += moved if src == "cpu" and dst != "cpu" else 0
+            self.d2h_bytes += moved if src != "cpu" and dst == "cpu" else 0
+        self.rows[(str(packet), _dtype_of(inputs or outputs), int(flops), int(nbytes), kernel)] += 1
+
+
+@dataclass
+class StepWork:
+    """What one training step does, counted (``count_step``); ``rows`` group identical operator calls (notebook 08).
+
+    ``flops`` come from ``FlopCounterMode`` (``analytic``: the part counted by ``ANALYTIC_OPS``, per operator);
+    ``bytes`` is the unfused traffic (each operator's inputs read once and outputs written once); ``ops`` every ATen
+    operator dispatched (the host's work), ``kernels`` those that touch data (views and bare allocations excluded:
+    on a GPU, roughly the kernels launched); ``h2d_bytes`` what the step copied host→device and ``input_bytes``
+    what a GPU run would copy (the batch, less the inputs kept on the host).
+    """
+
+    device: str
+    items: int
+    flops: int
+    bytes: int
+    ops: int
+    kernels: int
+    h2d_bytes: int
+    d2h_bytes: int
+    input_bytes: int
+    analytic: dict = field(default_factory=dict)
+    flops_by_op: dict = field(default_factory=dict)
+    rows: list = field(default_factory=list)
+
+    def state_dict(self) -> dict:
+        """Plain data, JSON-ready."""
+        return asdict(self)
+
+
+def _rebuilt_optimizer(optimizer, params):
+    """A fresh optimizer of the same kind and first-group settings, for the copied parameters."""
+    if optimizer is None:
+        return torch.optim.SGD(params, lr=0.01)
+    if isinstance(optimizer, torch.optim.Optimizer):
+        settings = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
+        return type(optimizer)(params, **settings)
+    return optimizer(params)  # a class or a factory
+
+
+def _prepared(model: nn.Module, batch, device, optimizer, channels_last: bool):
+    """A copy of ``model`` on ``device`` with its own optimizer, and the host batch (channels_last if asked)."""
+    model = copy.deepcopy(model)
+    *inputs, target = batch
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+        inputs = [x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x for x in inputs]
+    model.to(device).train()
+    return model, _rebuilt_optimizer(optimizer, model.parameters()), (*inputs, target)
+
+
+def count_step(model: nn.Module, batch, device: str | torch.device = "cpu", *, optimizer=None, loss_fn=None,
+               amp=False, host_inputs=(), channels_last: bool = False, warmup: int = 1) -> StepWork:
+    """Count the FLOPs, bytes, operators and host→device bytes of one training step of ``model`` (notebook 08).
+
+    The step is ``helpers.training.optimizer_step`` on ``batch = (*inputs, target)``, copied from the host inside the
+    counted step (as ``fit`` does; ``host_inputs`` stay on the host), with the arguments of
+    ``helpers.timing.time_train_step`` so the same step can be counted and timed. It runs on a *copy* of the model
+    with a fresh optimizer of the same kind (``optimizer``: an instance, a class, or None for ``SGD(lr=0.01)``), so
+    the model you pass is not trained. ``warmup`` uncounted steps first create the optimizer's state.
+    """
+    from .devices import pick_device
+    from .training import make_scaler, optimizer_step, resolve_amp, split_batch
+
+    device = pick_device(device)
+    model, opt, host = _prepared(model, batch, device, optimizer, channels_last)
+    loss_fn, dtype = loss_fn or nn.CrossEntropyLoss(), resolve_amp(amp, device)
+    scaler = make_scaler(device, dtype)
+
+    def step():
+        ins, tgt = split_batch(host, device, host_inputs)
+        optimizer_step(model, opt, ins, tgt, loss_fn=loss_fn, scaler=scaler, device=device, dtype=dtype)
+
+    for _ in range(warmup):
+        step()
+    with FlopCounterMode(display=False, custom_mapping=ANALYTIC_OPS) as flop_counter:
+        with WorkCounter(flop_counter.flop_registry) as counter:
+            step()
+    return _work(counter, flop_counter, device, host, host_inputs)
+
+
+def _work(counter: WorkCounter, flop_counter: FlopCounterMode, device, host, host_inputs) -> StepWork:
+    rows = [{"op": op, "dtype": dt, "flops": f, "bytes": b, "kernel": k, "calls": n}
+            for (op, dt, f, b, k), n in counter.rows.items()]
+    rows.sort(key=lambda r: (r["flops"] * r["calls"], r["bytes"] * r["calls"]), reverse=True)
+    moved = [x for i, x in enumerate(host[:-1]) if i not in host_inputs and isinstance(x, torch.Tensor)] + [host[-1]]
+    return StepWork(device=str(device), items=int(host[-1].shape[0]), flops=int(flop_counter.get_total_flops()),
+                    bytes=sum(r["bytes"] * r["calls"] for r in rows), ops=counter.ops, kernels=counter.kernels,
+                    h2d_bytes=counter.h2d_bytes, d2h_bytes=counter.d2h_bytes,
+                    input_bytes=sum(map(tensor_bytes, moved)), analytic=dict(counter.analytic),
+                    flops_by_op={str(k): int(v) for k, v in flop_counter.get_flop_counts().get("Global", {}).items()},
+                    rows=rows)

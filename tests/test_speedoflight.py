@@ -1,0 +1,171 @@
+"""helpers.speedoflight: measured ceilings (cached), the GPU datasheet (every number sourced), predict_step."""
+import copy
+import json
+import math
+
+import pytest
+import torch
+
+from helpers import speedoflight
+from helpers.speedoflight import datasheet, datasheet_ceilings, measured_ceilings, predict_step
+
+GPUS = ("A100 80GB SXM", "H100 SXM", "H100 PCIe", "H200 SXM", "L4", "T4", "GeForce RTX 4090")
+
+
+def synthetic_work(**extra):
+    """A matmul (2 GFLOP, 1 MB) and two adds (0.4 GB each, no FLOPs counted), 10 operators of which 3 kernels."""
+    rows = [{"op": "aten.mm", "dtype": "float32", "flops": 2_000_000_000, "bytes": 1_000_000, "kernel": True,
+             "calls": 1},
+            {"op": "aten.add", "dtype": "float32", "flops": 0, "bytes": 400_000_000, "kernel": True, "calls": 2}]
+    return {"rows": rows, "ops": 10, "kernels": 3, "h2d_bytes": 0, **extra}
+
+
+def test_predict_step_on_a_cpu_adds_host_and_device_time():
+    ceilings = {"flops_per_s": {"float32": 1e12}, "bytes_per_s": 1e11, "op_s": 1e-5, "overlap": False}
+    p = predict_step(synthetic_work(), ceilings)
+    assert p["compute_s"] == pytest.approx(2e-3)    # 2e9 / 1e12; its 1 MB would take 1e-5 s
+    assert p["memory_s"] == pytest.approx(8e-3)     # 2 × 4e8 / 1e11
+    assert p["host_s"] == pytest.approx(1e-4)       # 10 operators × 10 µs
+    assert p["step_s"] == pytest.approx(2e-3 + 8e-3 + 1e-4)
+    assert p["bound"] == "memory" and not p["overlap"]
+    assert p["top_ops_s"] == pytest.approx({"aten.add": 8e-3, "aten.mm": 2e-3})
+
+
+def test_predict_step_on_a_gpu_takes_the_slower_of_host_and_device():
+    gpu = {"flops_per_s": {"float32": 1e12, "bfloat16": 4e12}, "bytes_per_s": 1e11, "op_s": 2e-3, "launch_s": 1e-6,
+           "overlap": True, "h2d_bytes_per_s": 1e10}
+    host_bound = predict_step(synthetic_work(h2d_bytes=10_000_000), gpu)
+    device = 2e-3 + 8e-3 + 1e-3 + 3e-6         # compute, memory, 1e7 bytes over the link, 3 launches
+    assert host_bound["device_s"] == pytest.approx(device)
+    assert host_bound["step_s"] == pytest.approx(2e-2) and host_bound["bound"] == "overhead"  # 10 × 2 ms of host
+    fast_host = predict_step(synthetic_work(), {**gpu, "op_s": 1e-7})
+    assert fast_host["step_s"] == pytest.approx(2e-3 + 8e-3 + 3e-6) and fast_host["bound"] == "memory"
+    work = synthetic_work()
+    work["rows"][0]["dtype"] = "bfloat16"   # the matmul now runs at the bf16 peak
+    assert predict_step(work, {**gpu, "op_s": 1e-7})["compute_s"] == pytest.approx(5e-4)
+
+
+def test_predict_step_names_compute_when_the_matmul_dominates():
+    work = synthetic_work()
+    work["rows"][0]["flops"] = 2_000_000_000_000
+    p = predict_step(work, {"flops_per_s": {"float32": 1e12}, "bytes_per_s": 1e11, "op_s": 1e-5, "overlap": False})
+    assert p["bound"] == "compute" and p["compute_s"] == pytest.approx(2.0)
+
+
+def fake_measure(calls):
+    def measure(device, min_run_time):
+        calls.append(str(device))
+        return {"flops_per_s": {"float32": 1e11}, "matmul": [], "bytes_per_s": 1e10, "copy_bytes": 1,
+                "op_s": 5e-6, "launch_s": 0.0, "overlap": False, "seconds_to_measure": 0.0}
+    return measure
+
+
+def test_ceilings_are_measured_once_per_machine_and_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(speedoflight, "_measure", fake_measure(calls))
+    first = measured_ceilings("cpu")
+    second = measured_ceilings("cpu")
+    assert calls == ["cpu"], "the second call reads the cache"
+    assert (first["cached"], second["cached"]) == (False, True)
+    assert second["cache"].startswith(str(tmp_path / "gpu-course" / "ceilings"))
+    assert torch.__version__ in second["key"] and second["flops_per_s"] == {"float32": 1e11}
+    measured_ceilings("cpu", refresh=True)
+    assert calls == ["cpu", "cpu"]
+
+
+def test_matmul_peak_is_the_best_of_several_sizes():
+    found = speedoflight.matmul_peak("cpu", dtypes=("float32",), sizes=(32, 96), min_run_time=0.01)
+    rates = [p["flops_per_s"] for p in found["matmul"]]
+    assert [p["n"] for p in found["matmul"]] == [32, 96]
+    assert found["flops_per_s"] == {"float32": max(rates)}
+
+
+def test_the_copy_is_far_larger_than_the_caches(monkeypatch):
+    monkeypatch.setattr(speedoflight, "last_level_cache_bytes", lambda device: 512 * 2**20)
+    n = speedoflight.copy_elements(torch.device("cpu"))
+    assert 2 * n * 4 >= 4 * 512 * 2**20 or n * 4 * 8 >= 0.9 * _free_bytes(), "4× the cache, unless memory is short"
+
+
+def _free_bytes():
+    import os
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+# ---------------------------------------------------------------- the datasheet
+
+def unsourced(data: dict) -> list:
+    """Every number in the datasheet that lacks a known source or a quote, as 'path: why'."""
+    problems, sources = [], data.get("sources", {})
+
+    def visit(node, path):
+        if isinstance(node, dict):
+            numbers = [k for k, v in node.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            if numbers and path[0] == "gpus":
+                if node.get("source") not in sources:
+                    problems.append(f"{'/'.join(path)}: source {node.get('source')!r} is not in sources")
+                if not str(node.get("quote", "")).strip():
+                    problems.append(f"{'/'.join(path)}: no quote")
+            for k, v in node.items():
+                visit(v, path + [k])
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                visit(v, path + [str(i)])
+
+    visit(data.get("gpus", {}), ["gpus"])
+    for sid, src in sources.items():
+        if not (src.get("title") and str(src.get("url", "")).startswith("http")):
+            problems.append(f"sources/{sid}: needs a title and a URL")
+    return problems
+
+
+def raw_datasheet():
+    return json.loads(speedoflight.datasheet_path().read_text())
+
+
+def test_every_number_in_the_datasheet_has_a_source():
+    assert unsourced(raw_datasheet()) == []
+
+
+def test_the_source_check_can_fail():
+    data = copy.deepcopy(raw_datasheet())
+    row = data["gpus"]["H100 SXM"]["bytes_per_s"]
+    row.pop("quote")
+    data["gpus"]["L4"]["flops_per_s"]["float32"]["source"] = "nowhere"
+    assert len(unsourced(data)) == 2
+
+
+def test_the_datasheet_covers_the_gpus_a_learner_meets_with_dense_peaks():
+    gpus = datasheet()
+    assert set(GPUS) <= set(gpus)
+    for name, entry in gpus.items():
+        assert entry["bytes_per_s"]["value"] > 0, name
+        for dtype, row in entry["flops_per_s"].items():
+            assert dtype in ("float32", "tf32", "bfloat16", "float16"), (name, dtype)
+            if row.get("sparse_in_source"):  # the source printed the 2:4-sparsity figure: we store half of it
+                assert row["value"] == pytest.approx(row["printed"] / 2), (name, dtype)
+            else:
+                assert row["value"] == pytest.approx(row["printed"]), (name, dtype)
+        if "tf32" in entry["flops_per_s"] and "float32" in entry["flops_per_s"]:
+            assert entry["flops_per_s"]["tf32"]["value"] != entry["flops_per_s"]["float32"]["value"] or \
+                "GeForce" in name, f"{name}: FP32 and TF32 are separate rows with their own numbers"
+
+
+def test_datasheet_ceilings_feed_predict_step():
+    h100 = datasheet()["H100 SXM"]
+    ceilings = datasheet_ceilings(h100, op_s=1e-5)
+    assert ceilings["overlap"] and ceilings["bytes_per_s"] == h100["bytes_per_s"]["value"]
+    assert ceilings["h2d_bytes_per_s"] == pytest.approx(63.0e9, rel=0.01), "PCIe Gen5 x16, one direction"
+    p = predict_step(synthetic_work(), ceilings)
+    assert math.isfinite(p["step_s"]) and p["step_s"] > 0
+    with pytest.raises(ValueError, match="no published peak"):
+        datasheet_ceilings(datasheet()["Apple M2 Ultra"], op_s=1e-5)
+
+
+def test_a_missing_peak_is_an_error_not_a_guess():
+    h200 = datasheet_ceilings(datasheet()["H200 SXM"], op_s=1e-5)   # no FP32 row in the datasheet
+    bf16 = synthetic_work()
+    bf16["rows"][0]["dtype"] = "bfloat16"  # the adds are fp32 but do no FLOPs: they need no peak
+    assert predict_step(bf16, h200)["compute_s"] == pytest.approx(2e9 / 989.5e12)
+    with pytest.raises(ValueError, match="no peak for float32"):
+        predict_step(synthetic_work(), h200)
