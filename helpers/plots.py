@@ -5,25 +5,107 @@ a figure of your own, or leave it out and get a new figure. Each returns the ``A
 """
 from __future__ import annotations
 
+import textwrap
+
 import matplotlib.pyplot as plt
+from matplotlib import ticker
+from matplotlib.layout_engine import PlaceHolderLayoutEngine
 
 
 def _axes(ax, figsize, ncols: int = 1):
-    """The given axes, or new ones in a new figure (one or ``ncols`` side by side)."""
+    """The given axes, or new ones in a new figure (one or ``ncols`` side by side, constrained layout)."""
     if ax is not None:
         return ax
-    _, ax = plt.subplots(1, ncols, figsize=figsize)
+    _, ax = plt.subplots(1, ncols, figsize=figsize, layout="constrained")
     return ax
 
 
 def _finish(ax, title: str | None = None, legend: bool = True, grid: bool = True) -> None:
     if title:
-        ax.set_title(title)
+        ax.set_title(_wrap(title, _chars(ax, ax.title.get_fontsize())))
+    if ax.get_ylabel():  # a y label longer than the axes is tall would run into the title or the x labels
+        tall = ax.get_position().height * ax.figure.get_figheight() * 72 * 0.8
+        ax.set_ylabel(_wrap(ax.get_ylabel(), int(tall / (0.55 * ax.yaxis.label.get_fontsize()))))
     if grid:
         ax.grid(alpha=0.3, which="both")
-    if legend and ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize="small")
-    ax.figure.tight_layout()
+    handles, labels = ax.get_legend_handles_labels()
+    if legend and handles:  # many or long entries go beside the axes, where they cover neither data nor text
+        beside = len(handles) > 4 or max(len(s) for s in labels) > 30
+        ax.legend(handles, [_wrap(s, 32) for s in labels] if beside else labels, fontsize="small",
+                  **({"loc": "upper left", "bbox_to_anchor": (1.01, 1.0)} if beside else {}))
+    _layout(ax.figure)
+
+
+def _layout(fig) -> None:
+    """Lay the figure out: its own engine if it has one (our figures: constrained), else ``tight_layout`` (which
+    leaves a placeholder engine behind: a figure of yours that several calls draw into is laid out each time)."""
+    if isinstance(fig.get_layout_engine(), (type(None), PlaceHolderLayoutEngine)):
+        fig.tight_layout()
+
+
+def _wrap(text: str, width: int) -> str:
+    """``text`` broken at spaces into lines of at most ``width`` characters (its own line breaks kept)."""
+    return "\n".join(textwrap.fill(line, max(width, 6), break_long_words=False) or line
+                     for line in str(text).split("\n"))
+
+
+def _chars(ax, fontsize: float, share: float = 1.0) -> int:
+    """How many characters of ``fontsize`` points fit across ``share`` of the axes' width."""
+    width_pt = ax.get_position().width * ax.figure.get_figwidth() * 72 * share
+    return int(width_pt / (0.55 * fontsize))
+
+
+def _overlap(texts) -> bool:
+    """Whether any two of these texts' rendered extents overlap (the figure is drawn to measure them)."""
+    texts = [t for t in texts if t.get_visible() and t.get_text()]
+    if len(texts) < 2:
+        return False
+    renderer = texts[0].figure.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer).padded(-0.5) for t in texts]
+    return any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+
+
+def _measured(fig) -> None:
+    """Lay the figure out as it will be shown, so text extents can be measured."""
+    fig.draw_without_rendering()
+
+
+def _fit_xticklabels(ax) -> None:
+    """x tick labels that would run into each other: wrapped to the room each has, else turned upright."""
+    labels = [t for t in ax.get_xticklabels() if t.get_text()]
+    _measured(ax.figure)
+    if not _overlap(labels):
+        return
+    ticks, size = ax.get_xticks(), labels[0].get_fontsize()
+    originals = [t.get_text() for t in ax.get_xticklabels()]
+    wrapped = [_wrap(text, _chars(ax, size, 0.9 / len(labels))) for text in originals]
+    if max(w.count("\n") for w in wrapped) < 4:
+        ax.set_xticks(ticks, wrapped, fontsize=size)
+        _measured(ax.figure)
+        if not _overlap([t for t in ax.get_xticklabels() if t.get_text()]):
+            return
+    ax.set_xticks(ticks, originals, fontsize=size)
+    ax.tick_params(axis="x", labelrotation=90)
+
+
+def _shrink_to_fit(texts, smallest: float = 5.0) -> None:
+    """Make these texts smaller (down to ``smallest`` points) until none overlaps another."""
+    texts = list(texts)
+    _measured(texts[0].figure) if texts else None
+    while texts and _overlap(texts) and texts[0].get_fontsize() > smallest:
+        for t in texts:
+            t.set_fontsize(t.get_fontsize() * 0.85)
+        _measured(texts[0].figure)
+
+
+def _plain_log_ticks(axis) -> None:
+    """A log axis spanning under two decades: ticks at 1, 2 and 5 × 10^k, written as plain numbers (not 6×10^1)."""
+    low, high = sorted(axis.get_view_interval())
+    if low <= 0 or high / low >= 100:
+        return
+    axis.set_major_locator(ticker.LogLocator(base=10, subs=(1, 2, 5)))
+    axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 100 else f"{v:g}"))
+    axis.set_minor_formatter(ticker.NullFormatter())
 
 
 def _sorted_points(points: dict) -> tuple[list, list]:
@@ -68,19 +150,46 @@ def compare_bars(values: dict, *, unit: str, title: str, baseline: str | None = 
     series = [("this machine", values)] + [(f"reference: {k}", v) for k, v in (references or {}).items()]
     labels = [label if name == "this machine" else f"{label}\n({name})" for name, vals in series for label in vals]
     heights = [v for _, vals in series for v in vals.values()]
-    ax = _axes(ax, (max(5.0, 1.4 * len(heights)), 3.8))
+    ax = _axes(ax, (min(12.0, max(5.0, 1.4 * len(heights))), 3.8))
     bars = ax.bar(range(len(heights)), heights, color=[f"C{i % 10}" for i in range(len(heights))])
     for bar, (name, _) in zip(bars, [(n, lab) for n, vals in series for lab in vals]):
         bar.set_hatch("" if name == "this machine" else "//")
     base = values.get(baseline) if baseline else None
-    for bar, h in zip(bars, heights):
-        text = f"{h:.3g} {unit}" + (f"\n{h / base:.2g}× {baseline}" if base else "")
-        ax.annotate(text, (bar.get_x() + bar.get_width() / 2, h), ha="center", va="bottom", fontsize="small")
+    notes = [ax.annotate(f"{h:.3g} {unit}" + (f"\n{h / base:.2g}×" if base else ""),
+                         (bar.get_x() + bar.get_width() / 2, h), ha="center", va="bottom", fontsize="small")
+             for bar, h in zip(bars, heights)]
     ax.set_xticks(range(len(heights)), labels, fontsize="small")
     ax.set_ylabel(f"{unit} ({'lower' if lower_is_better else 'higher'} is better)")
+    if base:  # the ratio's reference is named once, not on every bar
+        ax.set_xlabel(_wrap(f"× = ratio to “{baseline}”", _chars(ax, 10)), fontsize="small")
     ax.margins(y=0.25)
     _finish(ax, title, legend=False, grid=False)
+    _fit_xticklabels(ax)
+    _fit_bar_notes(ax, notes, unit)
+    _layout(ax.figure)  # again: the labels and the y limit changed
     return ax
+
+
+def _fit_bar_notes(ax, notes: list, unit: str) -> None:
+    """Bar annotations: without the unit (the y label has it) where they collide, smaller if they still do, and
+    inside the axes (the y limit raised), clear of the title."""
+    _measured(ax.figure)
+    if _overlap(notes):
+        for t in notes:
+            t.set_text(t.get_text().replace(f" {unit}", "", 1))
+    _shrink_to_fit(notes)
+    _room_above(ax, notes)
+
+
+def _room_above(ax, notes: list) -> None:
+    """Raise the y limit (linear axes) until these texts, written above their points, stay inside the axes."""
+    if not notes or ax.get_yscale() != "linear":
+        return
+    renderer = ax.figure.canvas.get_renderer()
+    top, box = max(t.get_window_extent(renderer).y1 for t in notes), ax.get_window_extent(renderer)
+    if top > box.y1 - 3:
+        low, high = ax.get_ylim()
+        ax.set_ylim(low, high + (top - box.y1 + 6) / box.height * (high - low) * 1.3)
 
 
 def compare_lines(series: dict, *, xlabel: str, ylabel: str, title: str, references: dict | None = None,
@@ -97,8 +206,11 @@ def compare_lines(series: dict, *, xlabel: str, ylabel: str, title: str, referen
             ax.plot(*_sorted_points(points), "s--", alpha=0.7, label=f"reference {ref_name}: {name}")
     if logx:
         ax.set_xscale("log", base=2)
+        if ax.get_xlim()[1] <= 5000:  # batch sizes read as numbers (1, 2, 4, …, 4096), not as powers of 2
+            ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     if logy:
         ax.set_yscale("log")
+        _plain_log_ticks(ax.yaxis)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     _finish(ax, title)
@@ -123,16 +235,16 @@ def confusion_matrix(confusion, classes: list, *, title: str, ax=None, xlabel: s
     k = len(classes)
     ax.imshow(confusion, cmap="Blues")
     top = float(confusion.max())
-    for i in range(k):
-        for j in range(k):
-            if confusion[i, j]:
-                ax.text(j, i, int(confusion[i, j]), ha="center", va="center", fontsize="small",
-                        color="white" if float(confusion[i, j]) > top / 2 else "black")
+    counts = [ax.text(j, i, int(confusion[i, j]), ha="center", va="center", fontsize="small",
+                      color="white" if float(confusion[i, j]) > top / 2 else "black")
+              for i in range(k) for j in range(k) if confusion[i, j]]
     ax.set_xticks(range(k), classes)
     ax.set_yticks(range(k), classes)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     _finish(ax, title, legend=False, grid=False)
+    _fit_xticklabels(ax)
+    _shrink_to_fit(counts)  # many classes: smaller counts, each inside its cell
     return ax
 
 
@@ -140,15 +252,48 @@ def phase_bar(phase_ms: dict, *, title: str, ax=None, host_marker: str = "CPU"):
     """One horizontal bar split into the phases of a step, host phases in orange (notebook 04)."""
     ax = _axes(ax, (10, 1.9))
     left, total = 0.0, sum(phase_ms.values())
+    names = []
     for i, (name, ms) in enumerate(phase_ms.items()):
         ax.barh(0, ms, left=left, color="tab:orange" if host_marker in name else f"C{i}", edgecolor="k")
-        if ms > 0.04 * total:
-            ax.text(left + ms / 2, 0, f"{name}\n{ms:.1f} ms", ha="center", va="center", fontsize="x-small")
+        names.append(ax.text(left + ms / 2, 0, f"{name}\n{ms:.1f} ms", ha="center", va="center", fontsize="x-small"))
         left += ms
     ax.set_yticks([])
+    ax.set_xlim(0, total)
     ax.set_xlabel("milliseconds within one step (median)")
     _finish(ax, title, legend=False, grid=False)
+    _label_segments(ax, names, [p.get_width() for p in ax.patches])
     return ax
+
+
+def _legend_beside(ax) -> None:
+    """A legend right of the axes, in as many columns as it takes to be no taller than the axes (a short axes in
+    a stack of them would otherwise push its legend into its neighbours' labels)."""
+    n = len(ax.get_legend_handles_labels()[0])
+    for ncols in range(1, n + 1):
+        legend = ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5), ncols=ncols)
+        _measured(ax.figure)
+        renderer = ax.figure.canvas.get_renderer()
+        if legend.get_window_extent(renderer).height <= ax.get_window_extent(renderer).height * 1.05:
+            return
+
+
+def _label_segments(ax, texts: list, widths: list) -> None:
+    """Keep each segment's label where it fits inside the segment (else its number alone, else nothing); the
+    phases whose name is not written in go to a legend beside the bar."""
+    _measured(ax.figure)
+    renderer, to_px = ax.figure.canvas.get_renderer(), ax.transData
+    missing = []
+    for t, width, patch in zip(texts, widths, ax.patches):
+        room = abs(to_px.transform((patch.get_x() + width, 0))[0] - to_px.transform((patch.get_x(), 0))[0]) - 4
+        name, _, number = t.get_text().rpartition("\n")
+        if t.get_window_extent(renderer).width > room:
+            t.set_text(number)
+            missing.append((patch, name))
+            if t.get_window_extent(renderer).width > room:
+                t.set_visible(False)
+    if missing:
+        ax.legend(*zip(*missing), fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        _layout(ax.figure)
 
 
 def image_grid(images, titles: list | None = None, *, title: str = "", ncols: int = 8, ax=None):
@@ -158,17 +303,18 @@ def image_grid(images, titles: list | None = None, *, title: str = "", ncols: in
     """
     if ax is None:
         nrows = -(-len(images) // ncols)
-        _, ax = plt.subplots(nrows, ncols, figsize=(1.4 * ncols, 1.5 * nrows), squeeze=False)
+        _, ax = plt.subplots(nrows, ncols, figsize=(1.4 * ncols, 1.5 * nrows), squeeze=False, layout="constrained")
     flat = list(ax.flat) if hasattr(ax, "flat") else list(ax)
     for i, a in enumerate(flat):
         a.axis("off")
         if i < len(images):
             a.imshow(images[i].permute(1, 2, 0))
             if titles:
-                a.set_title(titles[i], fontsize="small")
+                a.set_title(_wrap(titles[i], _chars(a, 8)), fontsize="small")
     if title:
         flat[0].figure.suptitle(title, fontsize="small")
-    flat[0].figure.tight_layout()
+    _layout(flat[0].figure)
+    _shrink_to_fit([a.title for a in flat if a.get_title()])
     return ax
 
 
@@ -213,7 +359,7 @@ def recipe_histories(runs: dict, *, title: str = "", minutes: bool = False, ax=N
         _finish(a)
     if title:
         ax[0].figure.suptitle(title, fontsize="small")
-        ax[0].figure.tight_layout()  # again, now that the title takes room
+        _layout(ax[0].figure)  # again, now that the title takes room
     return ax
 
 
@@ -243,19 +389,21 @@ def ddp_diagram(ranks: int = 3, ax=None):
     ax.set_xlim(0, 10)
     ax.set_ylim(0, 4.2)
     ax.axis("off")
-    width = 9.2 / ranks - 0.7
+    width, boxes = 9.2 / ranks - 0.7, []
     for r in range(ranks):
         x = 0.4 + r * 9.2 / ranks
         ax.add_patch(plt.Rectangle((x, 2.6), width, 1.2, fc="#dbe9f6", ec="k"))
-        ax.text(x + width / 2, 3.2, f"rank {r}\nbatch slice {r}  →  replica\nforward, backward", ha="center",
-                va="center", fontsize="small")
+        text = f"rank {r}\nbatch slice {r}  →  replica\nforward, backward" if ranks <= 4 else f"rank {r}\nslice {r}"
+        boxes.append(ax.text(x + width / 2, 3.2, text, ha="center", va="center", fontsize="small"))
         ax.annotate("", xy=(x + width / 2, 1.55), xytext=(x + width / 2, 2.55), arrowprops=dict(arrowstyle="<->"))
-        ax.text(x + width / 2 + 0.05, 2.05, "gradients", fontsize="x-small")
+        if r == 0 or ranks <= 4:  # many ranks: the first arrow is named, the others are the same
+            boxes.append(ax.text(x + width / 2 + 0.05, 2.05, "gradients", fontsize="x-small"))
     ax.add_patch(plt.Rectangle((0.4, 0.5), 9.2, 1.0, fc="#fde2c8", ec="k"))
     ax.text(5, 1.0, "all-reduce: every rank gets the average gradient, then takes the same optimizer step",
             ha="center", va="center", fontsize="small")
     _finish(ax, "DistributedDataParallel: global batch = batch per rank × ranks, learning rate scaled with it",
             legend=False, grid=False)
+    _shrink_to_fit(boxes)
     return ax
 
 
@@ -302,7 +450,7 @@ def phase_stack(runs: dict, *, title: str, share: bool = False, ax=None):
     ax.set_yticks(range(len(names)), names, fontsize="small")
     ax.invert_yaxis()
     ax.set_xlabel("% of the training step" if share else "ms per training step")
-    ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5))
+    _legend_beside(ax)
     _finish(ax, title, legend=False, grid=False)
     return ax
 
@@ -320,44 +468,23 @@ def memory_search(trials: dict, *, limit_mb: float | None, title: str, ax=None):
         ax.axhline(limit_mb, color="C3", ls="--", label=f"limit {limit_mb:.0f} MB")
         ax.plot(failed, [limit_mb] * len(failed), "x", color="C3", ms=10, mew=2,
                 label="torch.OutOfMemoryError (recovered)")
-    for i, b in enumerate(trials):
-        y = trials[b] if trials[b] is not None else limit_mb
-        if y is not None:
-            ax.annotate(str(i + 1), (int(b), y), textcoords="offset points", xytext=(4, 4), fontsize="x-small")
+    order = [ax.annotate(str(i + 1), (int(b), trials[b] if trials[b] is not None else limit_mb), xytext=(4, 4),
+                         textcoords="offset points", fontsize="x-small")
+             for i, b in enumerate(trials) if trials[b] is not None or limit_mb is not None]
     ax.set_xlabel("batch size (images); numbers: order of the trials")
     ax.set_ylabel("peak memory of one step (MB)")
     _finish(ax, title)
+    _unstack(order)
+    _room_above(ax, order)
     return ax
 
 
-CHECKLIST = [  # symptom → what to measure → the lever → the lesson that measures it
-    ("the device waits for batches", "data wait share; input alone vs model alone", "more / persistent workers, "
-     "pinned copies, data and augmentation on the device", "04, 03"),
-    ("copies take a large share", "host→device phase; pinned vs pageable bandwidth", "pin_memory + non_blocking, "
-     "keep data on the device", "03"),
-    ("twice the batch, nearly twice the speed", "items/s at batch B and 2B", "a larger batch (scale the LR), "
-     "torch.compile, CUDA graphs", "08, 05"),
-    ("arithmetic sets the pace", "forward + backward share; FLOP/s vs the peak", "mixed precision, channels_last, "
-     "torch.compile, more devices", "06, 08, 05"),
-    ("out of memory", "peak memory against batch size", "smaller batch, checkpointing, FSDP2, mixed precision",
-     "09"),
-    ("a small sequential model is no faster on a GPU", "step time by batch, CPU vs GPU", "stay on the CPU, or a "
-     "larger batch", "01, 02"),
-]
-
-
-def decision_checklist(ax=None):
-    """The course's decision checklist as a table figure: symptom → measurement → lever → lesson (notebook 10)."""
-    ax = _axes(ax, (13, 0.6 + 0.55 * len(CHECKLIST)))
-    ax.axis("off")
-    table = ax.table(cellText=[list(row) for row in CHECKLIST], loc="center", cellLoc="left",
-                     colLabels=["symptom", "measure", "lever", "lesson"], colWidths=[0.24, 0.28, 0.38, 0.10])
-    table.auto_set_font_size(False)
-    table.set_fontsize(8)
-    table.scale(1, 1.6)
-    for (row, _), cell in table.get_celld().items():
-        if row == 0:
-            cell.set_text_props(weight="bold")
-            cell.set_facecolor("#dde6f0")
-    ax.set_title("Which lever? Measure first, then change one thing")
-    return ax
+def _unstack(notes: list) -> None:
+    """Point labels that would cover earlier ones are lifted, a line at a time, until they are clear."""
+    if notes:
+        _measured(notes[0].figure)
+    for k, note in enumerate(notes):
+        for _ in range(12):
+            if not any(_overlap([note, earlier]) for earlier in notes[:k]):
+                break
+            note.xyann = (note.xyann[0], note.xyann[1] + 0.9 * note.get_fontsize())

@@ -1,5 +1,6 @@
 """helpers.plots: every function draws into axes it is given (figures compose) and returns them."""
 import matplotlib
+import pytest
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -60,3 +61,150 @@ def test_image_grid_and_new_figures():
     ax = plots.compare_bars({"x": 1.0}, unit="s", title="new")
     assert ax.figure is not None and ax.get_title() == "new"
     plt.close("all")
+
+
+# ------------------------------------------------------------------ what a reader sees: no text over other text
+
+LONG = ["host clock, no sync (wrong)", "host clock + synchronise", "torch.utils.benchmark"]  # lesson 02's clocks
+
+
+def drawn_texts(fig) -> list:
+    """(text, extent in pixels) of every piece of text the renderer actually draws (hidden or clipped: left out)."""
+    from unittest import mock
+
+    from matplotlib.text import Text
+
+    drawn, original = {}, Text.draw
+
+    def record(self, renderer):
+        if self.get_visible() and self.get_text().strip():
+            drawn[id(self)] = self
+        return original(self, renderer)
+
+    with mock.patch.object(Text, "draw", record):
+        fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    return [(t.get_text(), t.get_window_extent(renderer)) for t in drawn.values()]
+
+
+def overlapping_texts(fig, tolerance_px: float = 1.0) -> list:
+    """Pairs of drawn texts whose rendered extents overlap by more than ``tolerance_px`` both ways."""
+    texts = drawn_texts(fig)
+    pairs = []
+    for i, (a, box_a) in enumerate(texts):
+        for b, box_b in texts[i + 1:]:
+            dx = min(box_a.x1, box_b.x1) - max(box_a.x0, box_b.x0)
+            dy = min(box_a.y1, box_b.y1) - max(box_a.y0, box_b.y0)
+            if dx > tolerance_px and dy > tolerance_px:
+                pairs.append((a, b))
+    return pairs
+
+
+def _long_history(epochs: int = 8):
+    h = _history()
+    h.iterations = [{"iteration": i, "epoch": i // 50, "loss": 2 / i ** 0.3, "lr": 0.1} for i in range(1, 400)]
+    h.epochs = [{"epoch": e, "iteration": 50 * e, "train_loss": 1 / e, "train_accuracy": 1 - 0.5 / e, "lr": 0.1 / e,
+                 "seconds": 30.0, "val_accuracy": 1 - 0.6 / e} for e in range(1, epochs + 1)]
+    h.validation = [{"iteration": 50 * e, "epoch": e, "loss": 1.2 / e, "accuracy": 1 - 0.6 / e}
+                    for e in range(1, epochs + 1)]
+    return h
+
+
+def _small(ncols: int = 1, size=(4.5, 3.0)):
+    return plt.subplots(1, ncols, figsize=size, layout="constrained")[1]
+
+
+def _two_bar_charts():
+    _, (left, right) = plt.subplots(1, 2, figsize=(9, 3.2))
+    plots.compare_bars({"eager (8 kernels)": 41.5, "compiled (fused)": 6.24}, unit="ms", title="Time of the chain",
+                       baseline="eager (8 kernels)", ax=left)
+    return plots.compare_bars({"eager": 72.0, "compiled": 8.0}, unit="MiB moved", title="Bytes it must move", ax=right)
+
+
+def _stacked_phases(runs: int):
+    bars = {f"this machine, run {k} (trace)": dict(list(PHASES.items())[:6]) for k in range(runs)}
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 2.4 + 1.0 * runs))
+    plots.phase_stack(bars, title="One training step, batch 32, cpu — cpu-intel-xeon-processor-2t", ax=top)
+    return plots.phase_stack(bars, title="the same steps as shares of their length", share=True, ax=bottom)
+
+
+def _lines(names, n: int = 8):
+    return {name: {2 ** k: (k + 1) * (i + 1) for k in range(n)} for i, name in enumerate(names)}
+
+
+NAMES = [f"{clock}, variant {k}" for k in range(2) for clock in LONG]
+CLASSES = [f"class number {k} (long name)" for k in range(12)]
+PHASES = {f"phase {k}: {what}": ms for k, (what, ms) in enumerate(
+    [("data wait (CPU)", 3.0), ("host→device copy", 0.4), ("forward pass", 6.0), ("backward pass", 11.0),
+     ("optimizer step", 0.3), ("logging (CPU)", 0.2), ("zero_grad", 0.1), ("synchronise", 1.5)])}
+
+FIGURES = {  # every public plots function, with long labels, many items and small figures
+    "compare_bars": [
+        lambda: plots.compare_bars(dict(zip(LONG, [0.05, 2.1, 2.05])), unit="ms", baseline=LONG[1],
+                                   title="What each clock reports for the same GPU matmul"),
+        lambda: plots.compare_bars(dict(zip(LONG, [0.05, 2.1, 2.05])), unit="ms", baseline=LONG[1],
+                                   title="What each clock reports for the same GPU matmul", ax=_small()),
+        lambda: plots.compare_bars({f"{n} ({k})": 10.0 + k for k, n in enumerate(NAMES * 2)}, unit="images/s",
+                                   baseline=f"{NAMES[0]} (0)", lower_is_better=False, title="Twelve bars",
+                                   references={"NVIDIA H100 80GB HBM3": {NAMES[0]: 900.0, NAMES[1]: 1300.0}}),
+        lambda: _two_bar_charts(),  # lesson 08: two charts side by side in a figure the notebook made
+    ],
+    "compare_lines": [lambda: plots.compare_lines(_lines(NAMES), xlabel="batch size", ylabel="items/s", title="Lines",
+                                                  references={"NVIDIA A100-SXM4-80GB": _lines(NAMES[:3])},
+                                                  ax=_small(size=(6, 3.5)))],
+    "scaling": [lambda: plots.scaling({1: 1.0, 2: 1.7, 4: 2.9}, label="CPU processes (gloo) on this machine",
+                                      title="Speed-up", references={"8× H100": _lines(NAMES[:2], 4)})],
+    "confusion_matrix": [lambda: plots.confusion_matrix(torch.randint(0, 1000, (12, 12)), CLASSES, title="Twelve",
+                                                        xlabel="predicted class (of twelve)")],
+    "phase_bar": [lambda: plots.phase_bar(PHASES, title="One training step split into its phases, on this CPU"),
+                  lambda: plots.phase_bar(PHASES, title="Small", ax=_small(size=(6, 2)))],
+    "image_grid": [lambda: plots.image_grid(torch.randint(0, 255, (12, 3, 8, 8), dtype=torch.uint8),
+                                            [f"{c}: predicted {c}" for c in CLASSES], ncols=6, title="Grid")],
+    "lr_curves": [lambda: plots.lr_curves({f"schedule {n}": [0.1 / (i + 1 + k) for i in range(60)]
+                                           for k, n in enumerate(NAMES)}, steps_per_epoch=10, logy=True,
+                                          title="Learning-rate schedules, one line each", ax=_small(size=(6, 3)))],
+    "recipe_histories": [lambda: plots.recipe_histories({n: _long_history().state_dict() for n in NAMES[:4]},
+                                                        title="Four recipes compared", minutes=True)],
+    "training_progress": [lambda: plots.training_progress(_long_history(), title="A long training-progress title "
+                                                                                  "that names model, data and mode")],
+    "float_formats": [lambda: plots.float_formats(), lambda: plots.float_formats(ax=_small(size=(6, 3)))],
+    "ddp_diagram": [lambda: plots.ddp_diagram(ranks=3), lambda: plots.ddp_diagram(ranks=8)],
+    "roofline": [lambda: plots.roofline({f"{n}: fp32": {"intensity": 2.0 ** k, "gflops": 10.0 * 2 ** k}
+                                         for k, n in enumerate(NAMES)}, peak_gflops=2000.0, peak_gbps=40.0,
+                                        title="Roofline", references={"NVIDIA H100 (dense bf16)": (989e3, 3350.0)})],
+    "phase_stack": [lambda: plots.phase_stack({f"reference: {n}": dict(PHASES) for n in NAMES}, share=True,
+                                              title="Where each step goes"),
+                    lambda: _stacked_phases(2)],  # lesson 09: two short panels, one above the other
+    "memory_search": [lambda: plots.memory_search({b: (None if b > 700 else 20.0 + b) for b in
+                                                   [64, 128, 256, 512, 1024, 768, 640, 704, 736, 720]},
+                                                  limit_mb=740.0, title="Out-of-memory search")],
+}
+
+
+def test_every_plot_function_is_checked_for_overlapping_text():
+    public = {name for name, f in vars(plots).items()
+              if callable(f) and not name.startswith("_") and getattr(f, "__module__", "") == plots.__name__}
+    assert public == set(FIGURES), f"add these to FIGURES: {public - set(FIGURES)}"
+
+
+@pytest.mark.parametrize("name", sorted(FIGURES))
+def test_no_text_overlaps_other_text(name):
+    for k, draw in enumerate(FIGURES[name]):
+        ax = draw()
+        fig = (ax if not hasattr(ax, "__len__") and not hasattr(ax, "flat") else next(iter(
+            ax.flat if hasattr(ax, "flat") else ax))).figure
+        pairs = overlapping_texts(fig)
+        plt.close(fig)
+        assert pairs == [], f"plots.{name} (case {k}): these texts overlap: {pairs[:6]}"
+
+
+def test_the_overlap_check_can_fail():
+    fig, ax = plt.subplots(figsize=(3, 2))
+    ax.set_xticks(range(3), LONG)  # three long labels under a narrow axes run into each other
+    assert overlapping_texts(fig), "the check missed tick labels that overlap"
+    ax.set_xticks(range(3), ["a", "b", "c"])
+    ax.text(0.5, 0.5, "one", transform=ax.transAxes)
+    assert overlapping_texts(fig) == []
+    ax.text(0.5, 0.5, "two", transform=ax.transAxes)
+    assert overlapping_texts(fig) == [("one", "two")] or overlapping_texts(fig) == [("two", "one")]
+    plt.close(fig)

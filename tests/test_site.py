@@ -11,6 +11,7 @@ import functools
 import http.server
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -57,7 +58,8 @@ class Page:
     """A browser page that records console errors and refuses (and records) every request off this machine."""
 
     def __init__(self, browser, offline: bool = True, **context):
-        self.context = browser.new_context(viewport={"width": 1280, "height": 900}, **context)
+        context.setdefault("viewport", {"width": 1280, "height": 900})
+        self.context = browser.new_context(**context)
         self.page = self.context.new_page()
         self.errors, self.external = [], []
         self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
@@ -189,6 +191,83 @@ def test_solutions_are_hidden_on_the_site(browser, site):
         for number, code in solution_sections(path.stem).items():
             longest = max(code.splitlines(), key=len).strip()
             assert longest not in text, f"{path.stem}: solution {number} leaked ({longest!r})"
+    page.close()
+
+
+# ---------------------------------------------------------------- what a reader sees on each page
+
+LAPTOP = {"width": 1366, "height": 768}  # the most common laptop screen
+SCREENSHOTS = ROOT / "build" / "site-screenshots"
+# The lesson column holds 128 characters of code at LAPTOP width (120 at 1280 px): notebook code lines are kept to
+# 120 (`ruff check --select E501 --line-length 120 notebooks/`), and long printed prose wraps (tools/build_site.py).
+# The blocks allowed to scroll sideways, by page: {the longest line's first 40 characters (stripped): reason}.
+# An exception that no longer scrolls fails the test too: remove it.
+TOO_LONG = "notebook line longer than 120 characters (to be shortened)"
+PROFILER_TABLE = "PyTorch's profiler table: {} columns, about {} characters wide; wrapping would break its columns"
+SCROLLING_ALLOWED: dict[str, dict[str, str]] = {
+    "00_getting_started": {'lesson = setup("00_getting_started", qui': TOO_LONG},
+    "03_transfer_overhead": {"-" * 40: PROFILER_TABLE.format(7, 170),
+                             "f\"Resident data: {resident_epoch['collat": TOO_LONG},
+    "06_mixed_precision": {'"input_images_per_s": input_images_per_s': TOO_LONG,
+                           'print(f"{name}: test accuracy {accuracy[': TOO_LONG},
+    "09_profiler_and_memory": {"------------------------------  --------": PROFILER_TABLE.format(9, 160)},
+    "10_diagnose_your_training": {"+ (f\"{first['lever']} ({first['step_spee": TOO_LONG},
+}
+WIDE_BLOCKS = """els => els.filter(e => e.scrollWidth > e.clientWidth + 1).map(e => ({
+    kind: e.closest('.cell_output, .output') ? 'output' : 'code',
+    line: e.innerText.split('\\n').reduce((a, b) => (b.length > a.length ? b : a), ''),
+    hidden_px: e.scrollWidth - e.clientWidth}))"""
+
+
+MARKDOWN_TABLE = re.compile(r"\|\s*[-—–:]+\s*\||\|\s*\|\s*\|")  # "|---|" (or its dashes typeset), "| | |"
+
+
+def scrolling_blocks(page) -> list[dict]:
+    """The code blocks and printed outputs on the page that need a horizontal scroll bar to be read."""
+    return page.eval_on_selector_all("main pre", WIDE_BLOCKS)
+
+
+def test_no_code_block_scrolls_sideways_on_a_laptop(browser, site):
+    """At 1366 px, every lesson's code and printed output is read without scrolling sideways; a full-page
+    screenshot of every page goes to build/site-screenshots/ to look at."""
+    out, base, executed = site
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page, found, stale, counts = Page(browser, viewport=LAPTOP), {}, {}, {}
+    for name in ["index", "instructors"] + [nb.stem for nb in sorted(executed.glob("[0-9][0-9]_*.ipynb"))]:
+        page.page.goto(base + name + ".html")
+        page.page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+        blocks, allowed = scrolling_blocks(page.page), SCROLLING_ALLOWED.get(name, {})
+        counts[name] = len(blocks)
+        wide = [b for b in blocks if b["line"].strip()[:40] not in allowed]
+        if wide:
+            found[name] = [f"{b['kind']} hides {b['hidden_px']} px: {b['line'].strip()[:90]!r}" for b in wide]
+        gone = set(allowed) - {b["line"].strip()[:40] for b in blocks}
+        if gone:
+            stale[name] = sorted(gone)
+    page.close()
+    print(f"blocks scrolling sideways at {LAPTOP['width']} px, by page: {counts}")
+    assert found == {}, "code blocks that scroll sideways at 1366 px:\n" + json.dumps(found, indent=1)
+    assert stale == {}, f"SCROLLING_ALLOWED names blocks that no longer scroll (remove them): {stale}"
+
+
+def test_the_scroll_check_can_fail(browser):
+    page = Page(browser, viewport=LAPTOP)
+    page.page.set_content("<main><pre style='overflow-x:auto;width:300px'>" + "x" * 200 + "</pre>"
+                          "<pre style='overflow-x:auto;width:300px'>short</pre></main>")
+    assert [b["kind"] for b in scrolling_blocks(page.page)] == ["code"]
+    page.close()
+
+
+def test_hardware_is_a_table_on_every_lesson_page(browser, site):
+    """"Your hardware" reaches the page as an HTML table, and no page shows Markdown table syntax as text."""
+    out, base, executed = site
+    page = Page(browser)
+    for nb in sorted(executed.glob("[0-9][0-9]_*.ipynb")):
+        page.page.goto(base + nb.stem + ".html")
+        cells = page.page.eval_on_selector_all("main table td", "els => els.map(e => e.innerText.trim())")
+        assert {"CPU", "PyTorch"} <= set(cells), f"{nb.stem}: no hardware table (table cells: {cells[:6]})"
+        text = page.page.inner_text("main")
+        assert not MARKDOWN_TABLE.search(text), f"{nb.stem}: Markdown table syntax as text"
     page.close()
 
 

@@ -37,18 +37,44 @@ suppress_warnings = ["myst.header", "mystnb.unknown_mime_type", "misc.highlighti
 exclude_patterns = ["_build"]
 html_theme = "sphinx_book_theme"
 html_title = project
-html_static_path = []
+html_static_path = ["_static"]
+html_css_files = ["course.css"]
 html_theme_options = {
     "show_navbar_depth": 1,
     "use_download_button": False,
     "use_fullscreen_button": False,
     "show_prev_next": True,
     "home_page_in_toc": True,
+    "secondary_sidebar_items": [],  # the lesson takes that column: its contents go under the navigation instead
 }
+html_sidebars = {"**": ["navbar-logo.html", "icon-links.html", "search-button-field.html", "sbt-sidebar-nav.html",
+                        "page-toc.html"]}
 html_context = {"default_mode": "light"}  # an empty mode makes the theme log a console error
 nb_ipywidgets_js = {}                        # no widget scripts from a CDN: progress bars show as text
+nb_render_markdown_format = "gfm"            # Markdown outputs as JupyterLab shows them (GitHub's, with tables)
 '''
 
+
+# The lesson column: as wide as the window allows beside the navigation, the page's contents listed under it (the
+# right-hand panel and its toggle are gone). Code at 13 px: 128 characters fit at 1366 px, 120 at 1280 px, so
+# notebook code lines of up to 120 characters and printed tables of that width read without scrolling; printed
+# prose wraps (tests/test_site.py checks every page).
+CSS = """\
+@media (min-width: 992px) {
+  .bd-main .bd-content .bd-article-container { max-width: 100%; }
+  .bd-page-width { max-width: 100rem; }
+  .bd-header { display: none; }  /* it held only a second search box: the navigation has one */
+}
+.bd-sidebar-secondary, .article-header-buttons .secondary-toggle { display: none !important; }
+.bd-sidebar-primary .page-toc { font-size: 0.85rem; margin-top: 1rem; }
+.bd-article pre { font-size: 0.8125rem; }  /* 13 px: GitHub shows code at 12 px */
+.tag_output-wraps .cell_output pre, .cell_output .stderr pre { white-space: pre-wrap; overflow-wrap: anywhere; }
+.bd-main .bd-content .bd-article-container .bd-article { padding-left: 1.5rem; padding-right: 1.5rem; }
+/* a table whose header is blank ("Your hardware"): no empty header row */
+.cell_output thead:not(:has(th > p:not(:empty))) { display: none; }
+"""
+TABLE_ROW = re.compile(r"^[\s|+]*[-=─━]{10,}[-=─━\s|+]*$|\S {2,}\S.*\S {2,}\S")  # a rule, or 3+ columns
+WRAP_LIMIT = 120  # characters of a printed line that fit the lesson column at 1366 px
 
 ONLY: set[str] = set()  # --only: these notebook prefixes (a partial site, for a quick look)
 
@@ -72,8 +98,8 @@ def provenance(results_dir: Path, stem: str, nb) -> str:
     """The line naming where this page's outputs came from (hardware, torch, mode, date)."""
     path = results_dir / f"{stem}.json"
     if not path.exists():
-        when = nb.metadata.get("papermill", {}).get("end_time") or "an unrecorded date"
-        return f"Outputs on this page: hardware not recorded (no `{path.name}` results file); run of {when[:10]}."
+        when = (nb.metadata.get("papermill", {}).get("end_time") or "an unrecorded date")[:10]
+        return f"Outputs on this page: hardware not recorded (no `{path.name}` results file); run of {when}."
     rec = json.loads(path.read_text(encoding="utf-8"))
     hw = rec["hardware"]
     gpus = ", ".join(g["name"] for g in hw.get("gpus", [])) or "no GPU"
@@ -95,6 +121,23 @@ def hide_solutions(nb, stem: str) -> None:
 WIDGET = "application/vnd.jupyter.widget-view+json"
 
 
+def wide_table(text: str) -> bool:
+    """Whether ``text`` prints a table (a rule line, or rows of 3+ columns) with rows too wide for the column."""
+    return any(len(line) > WRAP_LIMIT and TABLE_ROW.search(line.strip()) for line in text.splitlines())
+
+
+def wrap_prose_outputs(nb) -> None:
+    """Tag the code cells whose long printed lines are prose, so the page wraps them as JupyterLab does (lines
+    that fit are untouched, so a narrow table stays aligned); a cell printing a table too wide to fit keeps its
+    lines whole: aligned, and scrolling."""
+    for cell in nb.cells:
+        if cell.cell_type != "code" or not cell.outputs:
+            continue
+        texts = ["".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", "")) for o in cell.outputs]
+        if not any(wide_table(t) for t in texts):
+            cell.metadata.setdefault("tags", []).append("output-wraps")
+
+
 def drop_widgets(nb) -> None:
     """Live widgets (progress bars) cannot render on a static page: keep their text, drop their view."""
     for cell in nb.cells:
@@ -113,6 +156,7 @@ def lesson_page(executed: Path, results_dir: Path, dest: Path) -> str:
     stem = executed.stem
     hide_solutions(nb, stem)
     drop_widgets(nb)
+    wrap_prose_outputs(nb)
     lessons = {p.name for p in source_notebooks()}
     for cell in nb.cells:
         if cell.cell_type == "markdown":
@@ -166,6 +210,8 @@ def write_sources(src: Path, executed_dir: Path, results_dir: Path) -> list[str]
     (src / "instructors.md").write_text(_relink(text, set(lessons)), encoding="utf-8")
     (src / "index.md").write_text(home_page(lessons, lines), encoding="utf-8")
     (src / "conf.py").write_text(CONF, encoding="utf-8")
+    (src / "_static").mkdir(exist_ok=True)
+    (src / "_static" / "course.css").write_text(CSS, encoding="utf-8")
     return lessons
 
 
