@@ -334,7 +334,9 @@ def classify(phase_ms: dict, input_rate: float, model_rate: float, batch_gain: f
         return "overhead", (f"twice the batch gives about {batch_gain:.2f}× the items/s, so about {fixed:.0%} of the step "
                             "costs the same whatever the batch (operator launches, Python, small kernels, the "
                             "optimizer's update): lesson 09 would call it launch-bound on a GPU")
-    gain = f"; twice the batch gives only about {batch_gain:.2f}× the items/s" if batch_gain is not None else ""
+    gain = (f"; twice the batch gives only about {batch_gain:.2f}× the items/s" if batch_gain is not None else
+            "; the batch lever was not measured within the budget, so overhead is not ruled out (a larger budget_s "
+            "measures it)")
     return "compute", f"forward, backward and optimizer take {1 - wait - copy_:.0%} of the step{gain}"
 
 

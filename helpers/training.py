@@ -339,7 +339,7 @@ class TimePace:
 
     def __init__(self, limit_s: float, planned_steps: int, scheduler=None, step_on: str = "batch",
                  steps_per_epoch: int = 1):
-        self.limit_s, self.planned_steps, self.scheduler = float(limit_s), max(1, planned_steps), scheduler
+        self.limit_s, self.planned_steps, self.scheduler = max(float(limit_s), 1e-6), max(1, planned_steps), scheduler
         self.units = self.planned_steps if step_on == "batch" else max(1, self.planned_steps // steps_per_epoch)
         self.t0 = time.perf_counter()
         self.progress = 0.0

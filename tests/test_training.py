@@ -291,3 +291,9 @@ def test_time_limit_changes_nothing_when_the_plan_fits(schedule):
     assert len(paced.epochs) == 2 and not paced.epochs[-1].get("partial")
     for a, b in zip(paced_model.parameters(), plain_model.parameters()):
         assert torch.equal(a, b)
+
+
+def test_a_time_limit_of_zero_trains_one_step():
+    """A budget already spent (make gpu-check's floors run: budget_s=1) takes one step, never divides by zero."""
+    history, _, _ = _pace_run(0.0, 3)
+    assert len(history.iterations) == 1 and history.epochs[-1]["partial"] is True

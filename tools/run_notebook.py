@@ -24,7 +24,8 @@ def failing_cell(executed: Path) -> str:
     except (OSError, ValueError):
         return ""
     def name(i):
-        first = next((line for line in cells[i].source.splitlines() if line.strip()), "")
+        first = next((line for line in cells[i].source.splitlines()
+                      if line.strip() and not line.startswith("# NBVAL")), "")
         return f"cell {i + 1} (counting from 1, `{first[:60]}`)"
 
     for i, cell in enumerate(cells):
