@@ -101,14 +101,25 @@ def test_setup_makes_the_chosen_gpu_current(monkeypatch):
     assert devices.make_current("cpu") == torch.device("cpu") and len(current) == 1
 
 
-def test_within_budget_sizes_work_and_says_so(capsys):
+def test_within_budget_sizes_work_to_the_time_left_and_says_so(capsys, monkeypatch):
+    from helpers import course
+
+    clock = [1000.0]
+    monkeypatch.setattr(course.time, "monotonic", lambda: clock[0])
     lesson = _lesson(False)
     assert lesson.within_budget(60, 2.0) == 60 and capsys.readouterr().out == ""  # no budget: the full run
-    lesson.budget_s = 100
+    assert lesson.seconds_left() is None and lesson.affords(1e9, "anything")
+    lesson.budget_s, lesson.started = 100, clock[0]
     assert lesson.within_budget(60, 2.0, share=0.5) == 25
     assert "25 of 60 epochs" in capsys.readouterr().out
     assert lesson.within_budget(60, 500.0, minimum=2) == 2
     assert lesson.within_budget(10, 1.0) == 10
+    clock[0] += 60  # 60 s of the 100 spent: what is left counts, not the whole budget
+    assert lesson.seconds_left() == 40 and lesson.within_budget(60, 2.0, share=0.5) == 10
+    assert lesson.affords(30, "a compile") and not lesson.affords(50, "a compile")
+    assert "a compile left out (needs about 50 s, 40 s left" in capsys.readouterr().out
+    clock[0] += 100
+    assert lesson.seconds_left() == 0
 
 
 def test_solution_is_shown_not_run_unless_asked(tmp_path, monkeypatch):
