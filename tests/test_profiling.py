@@ -48,7 +48,7 @@ def test_search_resolution_cap_and_deadline():
     assert 0.95 * 1996 <= coarse["max_batch"] <= 1996 and coarse["first_oom"] > 1996
     capped = profiling.find_max_batch(measure, start=8, cap=100, log=lambda s: None)
     assert capped["max_batch"] == 100 and capped["stopped"] == "cap" and capped["ooms"] == 0
-    late = profiling.find_max_batch(measure, start=8, deadline=time.monotonic() - 1, log=lambda s: None)
+    late = profiling.find_max_batch(measure, start=8, deadline=time.monotonic() - 1, min_trials=0, log=lambda s: None)
     assert late["stopped"] == "time" and late["trials"] == {}
     too_big = profiling.planted_limit(_linear_measure(fixed=50), limit_mb=40)
     assert profiling.find_max_batch(too_big, start=8, log=lambda s: None)["max_batch"] == 0
