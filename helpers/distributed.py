@@ -242,7 +242,7 @@ def _validation_seconds(args, me: Rank, model, val_loader) -> float:
     it can cost more than the epoch's steps), so the plan counts it."""
     from .training import evaluate
 
-    if me.rank != 0 or val_loader is None or not args.budget_min:
+    if val_loader is None or not args.budget_min:  # (only rank 0 has a validation loader)
         return 0.0
     t0 = time.perf_counter()
     evaluate(model, val_loader, me.device, amp=args.amp)
@@ -367,8 +367,8 @@ def train(args, me: Rank) -> None:
                   callback=_step_hook(args, me, len(r.loader)),
                   time_limit_s=60 * args.budget_min if args.budget_min else None)
     r.speeds["train_wall_s"] = time.perf_counter() - t_fit  # steps + validation: what the budget covers
-    r.speeds["epochs"] = round(history.epochs[-1]["iteration"] / len(r.loader), 3) if history.epochs else 0  # may
-    #                                                        end mid-epoch under --budget-min
+    # epochs trained: a fraction when --budget-min stopped training mid-epoch
+    r.speeds["epochs"] = round(history.epochs[-1]["iteration"] / len(r.loader), 3) if history.epochs else 0
     _report(args, me, r.model, history, len(r.loader.dataset), r.train_set.source, lr, r.test_loader, r.speeds)
 
 

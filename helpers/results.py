@@ -188,7 +188,7 @@ def _runs_table(runs: dict) -> list[str]:
 
 def write_report(results: str | Path | None = None, out: str | Path | None = None, *, runs: dict | None = None) -> Path:
     """Collect every ``build/results/*.json`` into ``build/report.md`` (used by ``make run``); ``runs`` (from
-    ``tools/run_course.py``) adds how each notebook ended — a notebook stopped at its time limit saved no results."""
+    ``tools/run_course.py``) adds how each notebook ended — a notebook stopped at its time limit may have saved none."""
     src = Path(results) if results else results_dir()
     out = Path(out) if out else src.parent / "report.md"
     lines = ["# Course run report", ""] + (_runs_table(runs) if runs else [])

@@ -342,20 +342,15 @@ class TimePace:
         self.limit_s, self.planned_steps, self.scheduler = max(float(limit_s), 1e-6), max(1, planned_steps), scheduler
         self.units = self.planned_steps if step_on == "batch" else max(1, self.planned_steps // steps_per_epoch)
         self.t0 = time.perf_counter()
-        self.progress = 0.0
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.t0
 
     def after_step(self, steps_done: int) -> bool:
         """Advance the schedule to this step's progress; True when training must stop."""
-        progress = max(self.elapsed() / self.limit_s, steps_done / self.planned_steps)
-        self.progress = _rank0_value(progress)
+        progress = _rank0_value(max((time.perf_counter() - self.t0) / self.limit_s, steps_done / self.planned_steps))
         if self.scheduler is not None:
-            target = min(int(self.progress * self.units), self.units - 1)
+            target = min(int(progress * self.units), self.units - 1)
             while self.scheduler.last_epoch < target:
                 self.scheduler.step()
-        return self.progress >= 1.0
+        return progress >= 1.0
 
 
 def _rank0_value(value: float) -> float:

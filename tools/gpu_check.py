@@ -36,6 +36,9 @@ import tarfile
 import time
 from pathlib import Path
 
+sys.dont_write_bytecode = True  # no __pycache__ from this process in the repository (its children write under OUT)
+from preflight_node import dist_key, installed_version, node_preflight  # noqa: E402 beside this script; stdlib only
+
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK_TOOLS = ("papermill", "nbclient", "nbformat", "ipykernel", "jupyter_client")
 CIFAR_NOTEBOOKS = "04,05,06,07"
@@ -70,22 +73,13 @@ def check_device(device: str, allow_cpu: bool) -> str:
 
 
 def _dist_name(wheel: Path) -> str:
-    return re.sub(r"[-_.]+", "_", wheel.name.split("-")[0]).lower()
-
-
-def _installed_version(name: str) -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
+    return dist_key(wheel.name.split("-")[0])
 
 
 def install_tools(wheelhouse: Path, target: Path, replace: set) -> list[str]:
     """Install the wheels whose distributions this Python lacks (or has older than pinned: ``replace``) into
     ``target``; return their names."""
-    missing_tools = [t for t in NOTEBOOK_TOOLS if not _installed_version(t)]
+    missing_tools = [t for t in NOTEBOOK_TOOLS if not installed_version(t)]
     if not missing_tools and not replace:
         return []
     wheels = sorted(wheelhouse.glob("*.whl")) if wheelhouse.is_dir() else []
@@ -94,7 +88,7 @@ def install_tools(wheelhouse: Path, target: Path, replace: set) -> list[str]:
             fail(f"this Python lacks {', '.join(missing_tools)} and {wheelhouse} holds no wheels: run `make wheelhouse` "
                  "on a machine with a package index and bring the folder along")
         return []
-    needed = [w for w in wheels if not _installed_version(_dist_name(w)) or _dist_name(w) in replace]
+    needed = [w for w in wheels if not installed_version(_dist_name(w)) or _dist_name(w) in replace]
     if not needed:
         return []
     cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", "--no-compile",
@@ -156,15 +150,12 @@ def _parse(argv):
 
 
 def main(argv=None) -> int:
-    sys.dont_write_bytecode = True  # this process writes no __pycache__ into the repository (its children: OUT)
     args = _parse(argv)
     t0 = time.time()
     deadline = t0 + 60 * args.budget_min + DEADLINE_GRACE_S
     device = check_device(args.device, args.allow_cpu)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    from preflight_node import node_preflight  # beside this script (Python looks first in a script's folder)
-
     pre = node_preflight(out, device)
     (out / "preflight.txt").write_text("\n".join(pre["lines"]) + "\n", encoding="utf-8")
     site = out / "site"

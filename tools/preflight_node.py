@@ -23,27 +23,37 @@ def _version_tuple(text: str) -> tuple:
     return tuple(int(p) for p in re.findall(r"\d+", text)[:4])
 
 
+def dist_key(name: str) -> str:
+    """A distribution's name as pip compares them (``Jupyter-Client`` and ``jupyter_client`` are one)."""
+    return re.sub(r"[-_.]+", "_", name.strip()).lower()
+
+
+def installed_version(name: str) -> str | None:
+    """The version of distribution ``name`` this Python has, or None."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def pinned() -> dict:
     """``{distribution: version}`` of the wheelhouse's pins (tools/gpu-check-requirements.txt)."""
     pins = {}
     for line in PINS.read_text(encoding="utf-8").splitlines():
         if "==" in line and not line.lstrip().startswith("#"):
             name, version = line.split("==", 1)
-            pins[re.sub(r"[-_.]+", "_", name.strip()).lower()] = version.strip()
+            pins[dist_key(name)] = version.strip()
     return pins
 
 
 def outdated_tools() -> dict:
     """Pinned tools this Python has in an OLDER version than the pin: ``{name: (installed, pinned)}``."""
-    from importlib import metadata
-
     found = {}
     for name, version in pinned().items():
-        try:
-            have = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-        if _version_tuple(have) < _version_tuple(version):
+        have = installed_version(name)
+        if have and _version_tuple(have) < _version_tuple(version):
             found[name] = (have, version)
     return found
 

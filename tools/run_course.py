@@ -108,7 +108,6 @@ def run_one(nb: Path, target: Path, params: dict, limit_s: float | None, log: Pa
     else:
         status = {"status": "died", "message": f"the notebook runner ended with exit code {proc.returncode} "
                                               f"and no status (killed? out of memory?); its log: {log}"}
-    kill_tree(proc.pid) if proc.poll() is None else None
     return dict(status, seconds=seconds)
 
 
