@@ -25,6 +25,12 @@ MIB = 2**20
 # Square matmul sizes searched per device type, and the dtypes measured (a "maximum achievable matmul" search:
 # the best of several sizes, since one size can miss the tiling a library does best).
 MATMUL_SIZES = {"cpu": (512, 1024, 2048), "cuda": (4096, 6144, 8192), "mps": (2048, 3072, 4096)}
+# The datasheet GPUs a prediction shows by default: a free notebook's GPU, a common rental, a current flagship.
+DEFAULT_GPUS = ("T4", "A100 80GB SXM", "H100 SXM")
+PREDICTED = "predicted from the datasheet, not measured"
+# torch.cuda.get_device_name() patterns for the datasheet's entries (first match wins).
+DEVICE_NAMES = ((r"H100.*PCIe", "H100 PCIe"), (r"H100", "H100 SXM"), (r"H200", "H200 SXM"),
+                (r"A100.*80", "A100 80GB SXM"), (r"\bL4\b", "L4"), (r"\bT4\b", "T4"), (r"RTX 4090", "GeForce RTX 4090"))
 MATMUL_DTYPES = {"cpu": ("float32", "bfloat16"), "cuda": ("float32", "tf32", "bfloat16", "float16"),
                  "mps": ("float32", "float16", "bfloat16")}
 
@@ -106,15 +112,18 @@ def _measure(device: torch.device, min_run_time: float) -> dict:
             "launch_s": 0.0, "overlap": device.type in ("cuda", "mps"), "seconds_to_measure": time.perf_counter() - t0}
 
 
-def measured_ceilings(device="auto", *, refresh: bool = False, min_run_time: float = 0.1) -> dict:
+def measured_ceilings(device="auto", *, refresh: bool = False, min_run_time: float = 0.1,
+                      measure: bool = True) -> dict | None:
     """This machine's measured ceilings for ``device``, measured once and then read from the cache (notebook 08).
 
     ``flops_per_s``: best matmul rate per dtype (``matmul_peak``); ``bytes_per_s``: a copy far larger than the
     caches (``helpers.regimes.copy_bandwidth``, read + write counted); ``op_s``: seconds per tiny operator
     (``helpers.regimes.overhead_rate``: Python, dispatch and, on a GPU, the launch, as the host issues them);
-    ``launch_s``: a device-side cost per kernel, 0 here (not measured); ``overlap``: whether the host runs ahead of
+    ``launch_s``: the host's cost of a kernel launch beyond ``op_s``, 0 here (the tiny operator timed on the device
+    in use already includes its launch); ``overlap``: whether the host runs ahead of
     the device (a GPU) or does the work itself (a CPU). Cached as JSON under ``cache_dir()`` keyed by
-    ``ceilings_key``; ``refresh=True`` measures again. Never adjusted to make a prediction agree. The load
+    ``ceilings_key``; ``refresh=True`` measures again; ``measure=False`` returns None rather than measure (a
+    training process that must not stop for it, e.g. one DDP rank of several). Never adjusted to make a prediction agree. The load
     average at the time is recorded: ceilings measured while other programs ran (a load above the CPU count) are
     low; measure again with ``refresh=True`` on a quiet machine.
     """
@@ -126,6 +135,8 @@ def measured_ceilings(device="auto", *, refresh: bool = False, min_run_time: flo
         found = json.loads(path.read_text())
         if found.get("schema") == SCHEMA:
             return {**found, "cache": str(path), "cached": True}
+    if not measure:
+        return None
     found = {"schema": SCHEMA, "key": ceilings_key(device), "device": str(device), "hardware": describe()["name"],
              "torch": torch.__version__, "threads": torch.get_num_threads(),
              "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -156,11 +167,22 @@ def datasheet(path: str | Path | None = None) -> dict:
     return data["gpus"]
 
 
-def datasheet_ceilings(entry: dict, *, op_s: float, launch_s: float = 0.0) -> dict:
+def launch_cost(path: str | Path | None = None) -> dict:
+    """The host's cost of one CUDA kernel launch, from the datasheet file: ``{"value" (s), "quote", "url", ...}``.
+
+    The lower end of the range its source quotes, so a launch-bound prediction is a lower bound (notebook 08).
+    """
+    data = json.loads(Path(path or datasheet_path()).read_text())
+    row = dict(data["launch_s"])
+    return {**row, "url": data["sources"][row["source"]]["url"]}
+
+
+def datasheet_ceilings(entry: dict, *, op_s: float, launch_s: float | None = None) -> dict:
     """Ceilings in ``measured_ceilings``' form from one datasheet entry, for ``predict_step`` (notebook 08).
 
-    The host's ``op_s`` is the learner's own (the same Python dispatches for a GPU); ``launch_s`` a per-kernel
-    device cost from a cited source. A GPU runs asynchronously, so ``overlap`` is True. A PCIe host link of known
+    The host's ``op_s`` is the learner's own (the same Python dispatches for a GPU); ``launch_s`` the host's cost of
+    one kernel launch on top of it (default: ``launch_cost()``, a cited figure). A GPU runs asynchronously, so
+    ``overlap`` is True. A PCIe host link of known
     generation and width gives ``h2d_bytes_per_s``: its theoretical one-direction rate
     (``helpers.transfer.pcie_theoretical``). An entry without a published peak (Apple) raises ``ValueError``.
     """
@@ -170,6 +192,7 @@ def datasheet_ceilings(entry: dict, *, op_s: float, launch_s: float = 0.0) -> di
     if not rates:
         raise ValueError(f"no published peak FLOP/s: {entry.get('missing', {}).get('flops_per_s', '')}")
     link = entry.get("host_link", {})
+    launch_s = launch_cost()["value"] if launch_s is None else launch_s
     found = {"flops_per_s": rates, "bytes_per_s": entry["bytes_per_s"]["value"], "op_s": op_s,
              "launch_s": launch_s, "overlap": True}
     if link.get("kind") == "PCIe" and link.get("generation") and link.get("lanes"):
@@ -189,8 +212,8 @@ def predict_step(work, ceilings: dict) -> dict:
     """Predict a training step's time from its counts and a machine's ceilings: a per-operator roofline (notebook 08).
 
     Each operator's device time is ``max(flops / peak of its dtype, bytes / bandwidth)`` (compute- or memory-bound,
-    whichever is slower), plus ``launch_s`` per kernel; the host pays ``op_s`` per operator dispatched; a host→device
-    copy takes ``h2d_bytes / h2d_bytes_per_s`` when the ceilings know the link. Overlap: on a CPU the host does
+    whichever is slower); the host pays ``op_s`` per operator dispatched and ``launch_s`` per kernel it launches; a
+    host→device copy takes ``h2d_bytes / h2d_bytes_per_s`` when the ceilings know the link. Overlap: on a CPU the host does
     the work itself, so the step is host + device time, summed; on a GPU (``overlap`` True) the host runs ahead of
     the device, so the step is ``max(host, device)``, the slower of the two, not their sum. Returns seconds per
     regime, the step, and ``bound``: ``"overhead"`` when the host's dispatching (or, summed, the per-operator costs)
@@ -210,9 +233,9 @@ def predict_step(work, ceilings: dict) -> dict:
     link = ceilings.get("h2d_bytes_per_s")
     transfer_s = work.get("h2d_bytes", 0) / link if link else 0.0
     launch_s = work["kernels"] * ceilings.get("launch_s", 0.0)
-    host_s = work["ops"] * ceilings["op_s"]
-    device_s = compute_s + memory_s + transfer_s + launch_s
-    overhead_s = host_s + launch_s
+    host_s = work["ops"] * ceilings["op_s"] + launch_s
+    device_s = compute_s + memory_s + transfer_s
+    overhead_s = host_s
     shares = {"compute": compute_s, "memory": memory_s, "transfer": transfer_s}
     if ceilings.get("overlap"):
         step_s = max(host_s, device_s)
@@ -224,3 +247,60 @@ def predict_step(work, ceilings: dict) -> dict:
     return {"step_s": step_s, "compute_s": compute_s, "memory_s": memory_s, "overhead_s": overhead_s,
             "transfer_s": transfer_s, "host_s": host_s, "device_s": device_s, "bound": bound,
             "overlap": bool(ceilings.get("overlap")), "top_ops_s": top}
+
+
+def predict_gpus(work, gpus=DEFAULT_GPUS, *, op_s: float | None = None) -> dict:
+    """``predict_step`` of ``work`` on each datasheet GPU in ``gpus``: ``{name: prediction}`` (notebooks 01-08).
+
+    The host's per-operator cost ``op_s`` is this machine's (default: ``measured_ceilings("cpu")``); each kernel adds
+    the cited launch cost, and the batch crosses the host link (``input_bytes``, when the count saw no copy). A GPU
+    whose datasheet has no peak for the work's dtype gets ``{"skipped": why}`` instead:
+    a missing number is never guessed. Every prediction carries ``label``: ``PREDICTED``.
+    """
+    sheet, work = datasheet(), dict(work.state_dict() if hasattr(work, "state_dict") else work)
+    work["h2d_bytes"] = max(work.get("h2d_bytes", 0), work.get("input_bytes", 0))  # counted on a CPU: no copy seen
+    op_s = measured_ceilings("cpu")["op_s"] if op_s is None else op_s
+    found = {}
+    for name in gpus:
+        try:
+            found[name] = {**predict_step(work, datasheet_ceilings(sheet[name], op_s=op_s)), "label": PREDICTED}
+        except (KeyError, ValueError) as err:
+            found[name] = {"skipped": str(err).strip("'\"")}
+    return found
+
+
+def datasheet_name(device) -> str | None:
+    """The datasheet entry of a CUDA ``device`` (``torch.cuda.get_device_name``), or None (notebook 08)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((entry for pattern, entry in DEVICE_NAMES if re.search(pattern, name)), None)
+
+
+def main_dtype(work) -> str:
+    """The dtype that does most of ``work``'s FLOPs (``float32`` when none are counted)."""
+    work = work.state_dict() if hasattr(work, "state_dict") else work
+    flops: dict[str, int] = {}
+    for row in work["rows"]:
+        flops[row["dtype"]] = flops.get(row["dtype"], 0) + row["flops"] * row["calls"]
+    return max(flops, key=flops.get) if any(flops.values()) else "float32"
+
+
+def mfu(flops_per_s: float, device="cpu", dtype: str = "float32", *, ceilings: dict | None = None) -> dict:
+    """Model FLOPs utilisation: achieved FLOP/s over the measured matmul peak of ``device`` for ``dtype``, and over
+    the datasheet's dense peak where the device is a GPU the datasheet knows (notebooks 05-10).
+
+    ``flops_per_s`` counts the model's FLOPs (``count_step``) per second of training. The measured peak is the
+    best a large matmul reached here (``measured_ceilings``); a dtype without one falls back to the fp32 peak.
+    """
+    ceilings = ceilings or measured_ceilings(device)
+    peak = _peak(ceilings["flops_per_s"], dtype)
+    found = {"flops_per_s": flops_per_s, "dtype": dtype, "peak_flops_per_s": peak, "mfu": flops_per_s / peak,
+             "peak": f"measured matmul peak of {ceilings.get('hardware', device)} ({ceilings.get('device', device)})"}
+    name = datasheet_name(ceilings.get("device", device))
+    rates = datasheet()[name]["flops_per_s"] if name else {}
+    if name and (dtype in rates or "float32" in rates):
+        sheet_peak = rates.get(dtype, rates.get("float32"))["value"]
+        found.update(datasheet_gpu=name, datasheet_peak_flops_per_s=sheet_peak, datasheet_mfu=flops_per_s / sheet_peak)
+    return found

@@ -223,7 +223,8 @@ def _rebuilt_optimizer(optimizer, params):
     if optimizer is None:
         return torch.optim.SGD(params, lr=0.01)
     if isinstance(optimizer, torch.optim.Optimizer):
-        settings = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
+        # the constructor's own settings only: a scheduler adds keys of its own (initial_lr, max_lr, ...)
+        settings = {k: v for k, v in optimizer.param_groups[0].items() if k in optimizer.defaults}
         return type(optimizer)(params, **settings)
     return optimizer(params)  # a class or a factory
 

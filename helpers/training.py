@@ -389,6 +389,8 @@ class _Loop:
     iteration: int = 0
     pace: TimePace | None = None  # a time budget: the schedule follows it, and training stops at its end
     stopped: bool = False
+    count_flops: bool = True
+    work: dict | None = None      # the first step's counts (FLOPs per item, peak): set by _count_work
 
     def __post_init__(self):
         self.dtype = resolve_amp(self.amp, self.device)
@@ -466,6 +468,8 @@ def _train_epoch(loop: _Loop, loader, meter: EpochMeter, skip: int = 0, resume_r
     batches, epoch_rng = _start_epoch(loader, meter.epoch, skip, resume_rng)
     per_epoch = len(loader)
     for b, batch in enumerate(batches, start=skip):
+        if loop.count_flops and loop.work is None:
+            _count_work(loop, batch, meter)
         inputs, target = split_batch(batch, loop.device, loop.host_inputs)
         lr = loop.optimizer.param_groups[0]["lr"]  # the rate this step uses
         out, loss = optimizer_step(loop.model, loop.optimizer, inputs, target, loss_fn=loop.loss_fn,
@@ -480,12 +484,51 @@ def _train_epoch(loop: _Loop, loader, meter: EpochMeter, skip: int = 0, resume_r
             break
 
 
+def _count_work(loop: _Loop, batch, meter: EpochMeter) -> None:
+    """Count one step's FLOPs (``helpers.stepwork.count_step``, on a copy, the RNG state kept) and look up the
+    device's measured peak if it is cached (fit never stops to measure it: call
+    ``helpers.speedoflight.measured_ceilings`` first); the time it takes is not training time."""
+    from .speedoflight import main_dtype, measured_ceilings
+    from .stepwork import count_step
+
+    t0, model = time.perf_counter(), _unwrap(loop.model)
+    model = getattr(model, "_orig_mod", model)  # a torch.compile'd model: count the eager one (same model FLOPs)
+    try:
+        with torch.random.fork_rng(devices=[loop.device] if loop.device.type == "cuda" else []):
+            work = count_step(model, batch, loop.device, optimizer=loop.optimizer, loss_fn=loop.loss_fn,
+                              amp=loop.amp, host_inputs=loop.host_inputs)
+    except (RuntimeError, TypeError, ValueError, NotImplementedError) as err:  # counting is a by-product
+        warnings.warn(f"fit could not count the step's FLOPs, so no MFU is recorded: {err}", stacklevel=3)
+        loop.work = {}
+    else:
+        loop.work = {"flops_per_item": work.flops / max(work.items, 1), "dtype": main_dtype(work),
+                     "ceilings": measured_ceilings(loop.device, measure=False)}
+    meter.restart_clock()
+    if loop.pace is not None:
+        loop.pace.t0 += time.perf_counter() - t0
+
+
+def _throughput(loop: _Loop, record: dict, seen: int) -> None:
+    """Add the epoch's model FLOP/s and MFU against the measured peak to ``record`` (when counted)."""
+    from .speedoflight import mfu
+
+    if not loop.work or not record["seconds"] > 0:
+        return
+    record["flops_per_item"] = loop.work["flops_per_item"]
+    record["flops_per_s"] = loop.work["flops_per_item"] * seen / record["seconds"]
+    if loop.work["ceilings"]:
+        found = mfu(record["flops_per_s"], loop.device, loop.work["dtype"], ceilings=loop.work["ceilings"])
+        record["mfu"] = found["mfu"]
+        record.update({k: found[k] for k in ("datasheet_mfu", "datasheet_gpu") if k in found})
+
+
 def _end_epoch(loop: _Loop, meter: EpochMeter) -> None:
     """Flush the meter, step a per-epoch scheduler, validate, record the epoch, write the checkpoint."""
     meter.flush(loop.history)
     if loop.scheduler is not None and loop.scheduler_step == "epoch" and loop.pace is None:
         loop.scheduler.step()
     record = meter.record(loop.iteration, loop.optimizer.param_groups[0]["lr"])
+    _throughput(loop, record, meter.totals["seen"])
     if loop.val_loader is not None and not loop.val_every:
         loop.validate(meter.epoch)
     if loop.history.validation and loop.history.validation[-1]["epoch"] == meter.epoch:
@@ -501,7 +544,8 @@ def fit(model: nn.Module, train_loader, *, epochs: int, optimizer: torch.optim.O
         scheduler_step: str = "epoch", amp=False, grad_clip: float | None = None, host_inputs=(),
         checkpoint: str | Path | None = None, checkpoint_every: int | None = None, resume: bool = False,
         extra: dict | None = None, save_checkpoints: bool = True, progress: bool = True,
-        callback: Callable[[dict], None] | None = None, time_limit_s: float | None = None) -> History:
+        callback: Callable[[dict], None] | None = None, time_limit_s: float | None = None,
+        count_flops: bool = True) -> History:
     """Train ``model`` for ``epochs`` and return its ``History`` (MATLAB ``trainnet``; notebooks 00 and 01).
 
     - ``device``: ``"auto" | "cpu" | "cuda[:N]" | "mps"``; model and batches are moved there.
@@ -515,6 +559,8 @@ def fit(model: nn.Module, train_loader, *, epochs: int, optimizer: torch.optim.O
     - ``extra``: plain data stored in the checkpoint beside the weights (e.g. the label encoder's classes).
     - ``save_checkpoints=False`` reads ``checkpoint`` to resume but never writes it (DDP ranks other than 0).
     - ``time_limit_s``: a time budget (``TimePace``): ``epochs`` is the plan, the schedule follows the clock.
+    - ``count_flops``: count the first step's FLOPs (not training time) so each epoch records ``flops_per_s`` and,
+      once ``helpers.speedoflight.measured_ceilings`` has measured this device, ``mfu`` (model FLOPs utilisation).
     """
     if scheduler_step not in ("batch", "epoch"):
         raise ValueError(f"scheduler_step must be 'batch' or 'epoch', not {scheduler_step!r}")
@@ -522,7 +568,7 @@ def fit(model: nn.Module, train_loader, *, epochs: int, optimizer: torch.optim.O
     loop = _Loop(model.to(device), optimizer, loss_fn or nn.CrossEntropyLoss(), device, amp, scheduler,
                  scheduler_step, grad_clip, tuple(host_inputs), val_loader, val_every,
                  Path(checkpoint) if checkpoint is not None and save_checkpoints else None, checkpoint_every, extra,
-                 callback)
+                 callback, count_flops=count_flops)
     start, skip, totals, resume_rng = 0, 0, None, None
     if checkpoint is not None and Path(checkpoint).exists():
         if resume:

@@ -35,14 +35,44 @@ def test_predict_step_on_a_gpu_takes_the_slower_of_host_and_device():
     gpu = {"flops_per_s": {"float32": 1e12, "bfloat16": 4e12}, "bytes_per_s": 1e11, "op_s": 2e-3, "launch_s": 1e-6,
            "overlap": True, "h2d_bytes_per_s": 1e10}
     host_bound = predict_step(synthetic_work(h2d_bytes=10_000_000), gpu)
-    device = 2e-3 + 8e-3 + 1e-3 + 3e-6         # compute, memory, 1e7 bytes over the link, 3 launches
+    device = 2e-3 + 8e-3 + 1e-3                # compute, memory, 1e7 bytes over the link
     assert host_bound["device_s"] == pytest.approx(device)
-    assert host_bound["step_s"] == pytest.approx(2e-2) and host_bound["bound"] == "overhead"  # 10 × 2 ms of host
+    host = 10 * 2e-3 + 3 * 1e-6                # 10 operators dispatched, 3 kernels launched: the host's work
+    assert host_bound["host_s"] == pytest.approx(host)
+    assert host_bound["step_s"] == pytest.approx(host) and host_bound["bound"] == "overhead"
     fast_host = predict_step(synthetic_work(), {**gpu, "op_s": 1e-7})
-    assert fast_host["step_s"] == pytest.approx(2e-3 + 8e-3 + 3e-6) and fast_host["bound"] == "memory"
+    assert fast_host["step_s"] == pytest.approx(2e-3 + 8e-3) and fast_host["bound"] == "memory"
     work = synthetic_work()
     work["rows"][0]["dtype"] = "bfloat16"   # the matmul now runs at the bf16 peak
     assert predict_step(work, {**gpu, "op_s": 1e-7})["compute_s"] == pytest.approx(5e-4)
+
+
+def test_predict_gpus_labels_each_and_skips_a_gpu_without_the_peak():
+    found = speedoflight.predict_gpus(synthetic_work(input_bytes=10_000_000), ("T4", "H200 SXM"), op_s=1e-5)
+    assert found["T4"]["label"] == speedoflight.PREDICTED and "predicted" in found["T4"]["label"]
+    assert found["T4"]["transfer_s"] > 0, "counted on a CPU, the batch a GPU would copy crosses the host link"
+    launch = speedoflight.launch_cost()
+    assert launch["value"] == 5e-6 and "5-20 microseconds" in launch["quote"] and launch["url"].startswith("http")
+    assert found["T4"]["host_s"] == pytest.approx(10 * 1e-5 + 3 * launch["value"])
+    assert "float32" in found["H200 SXM"]["skipped"], "no FP32 row for the H200: skipped, not guessed"
+
+
+def test_mfu_divides_by_the_measured_peak_of_the_dtype():
+    ceilings = {"flops_per_s": {"float32": 2e11, "bfloat16": 8e11}, "device": "cpu", "hardware": "test-cpu"}
+    assert speedoflight.mfu(5e10, "cpu", "float32", ceilings=ceilings)["mfu"] == pytest.approx(0.25)
+    found = speedoflight.mfu(2e11, "cpu", "bfloat16", ceilings=ceilings)
+    assert found["mfu"] == pytest.approx(0.25) and "datasheet_mfu" not in found and "test-cpu" in found["peak"]
+    assert speedoflight.mfu(1e10, "cpu", "float16", ceilings=ceilings)["peak_flops_per_s"] == 2e11  # fp32 fallback
+
+
+@pytest.mark.parametrize("device_name, entry", [("NVIDIA H100 80GB HBM3", "H100 SXM"), ("NVIDIA H100 PCIe", "H100 PCIe"),
+                                                ("NVIDIA H200", "H200 SXM"), ("NVIDIA A100-SXM4-80GB", "A100 80GB SXM"),
+                                                ("Tesla T4", "T4"), ("NVIDIA L4", "L4"), ("NVIDIA A10G", None),
+                                                ("NVIDIA GeForce RTX 4090", "GeForce RTX 4090")])
+def test_a_cuda_device_name_finds_its_datasheet_entry(monkeypatch, device_name, entry):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: device_name)
+    assert speedoflight.datasheet_name("cuda:0") == entry
+    assert speedoflight.datasheet_name("cpu") is None
 
 
 def test_predict_step_names_compute_when_the_matmul_dominates():
@@ -101,7 +131,7 @@ def unsourced(data: dict) -> list:
     def visit(node, path):
         if isinstance(node, dict):
             numbers = [k for k, v in node.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
-            if numbers and path[0] == "gpus":
+            if numbers and path[0] in ("gpus", "launch_s"):
                 if node.get("source") not in sources:
                     problems.append(f"{'/'.join(path)}: source {node.get('source')!r} is not in sources")
                 if not str(node.get("quote", "")).strip():
@@ -113,6 +143,7 @@ def unsourced(data: dict) -> list:
                 visit(v, path + [str(i)])
 
     visit(data.get("gpus", {}), ["gpus"])
+    visit(data.get("launch_s", {}), ["launch_s"])
     for sid, src in sources.items():
         if not (src.get("title") and str(src.get("url", "")).startswith("http")):
             problems.append(f"sources/{sid}: needs a title and a URL")

@@ -297,3 +297,30 @@ def test_a_time_limit_of_zero_trains_one_step():
     """A budget already spent (make gpu-check's floors run: budget_s=1) takes one step, never divides by zero."""
     history, _, _ = _pace_run(0.0, 3)
     assert len(history.iterations) == 1 and history.epochs[-1]["partial"] is True
+
+
+def test_fit_records_model_flops_and_mfu_without_changing_the_training(monkeypatch):
+    """The first step is counted on a copy (RNG kept): the epochs hold FLOPs per item (analytic: forward 2·in·out per
+    Linear, backward twice that except the first layer's input gradient) and MFU against the cached peak."""
+    from helpers import speedoflight
+
+    ceilings = {"flops_per_s": {"float32": 1e11}, "device": "cpu", "hardware": "test"}
+    monkeypatch.setattr(speedoflight, "measured_ceilings", lambda device, measure=True: ceilings)
+
+    def run(count):
+        torch.manual_seed(0)
+        x, y = torch.randn(64, 8), torch.randint(0, 3, (64,))
+        model = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.3), nn.ReLU(), nn.Linear(16, 3))
+        loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True)
+        history = fit(model, loader, epochs=2, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), device="cpu",
+                      progress=False, count_flops=count)
+        return history, model
+
+    counted, model = run(True)
+    plain, same = run(False)
+    forward = 2 * (8 * 16 + 16 * 3)
+    assert counted.final["flops_per_item"] == forward + forward + 2 * 16 * 3
+    assert counted.final["mfu"] == pytest.approx(counted.final["flops_per_s"] / 1e11)
+    assert "mfu" not in plain.final and "flops_per_s" not in plain.final
+    for a, b in zip(model.parameters(), same.parameters()):
+        assert torch.equal(a, b), "counting must not change what is trained (dropout's RNG, the data order)"
