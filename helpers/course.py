@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import torch
 
 from . import course_parameters, devices, results
+from .speedoflight import PREDICTED
 
 NOT_ATTEMPTED = "not attempted"  # the placeholder an exercise cell starts with when None is a valid answer
 
@@ -105,7 +106,7 @@ class Lesson:
 
 
 def setup(notebook: str, quick: bool, device: str, *, needs: str | None = "gpu", note: str = "",
-          budget_s: float | None = None) -> Lesson:
+          budget_s: float | None = None, predicts: bool = False) -> Lesson:
     """The preamble of every notebook: parameters, device, "Your hardware" banner, no-GPU notice (notebook 00).
 
     - ``COURSE_QUICK`` / ``COURSE_DEVICE`` (set by ``make test``) override ``quick`` and ``device``;
@@ -113,7 +114,9 @@ def setup(notebook: str, quick: bool, device: str, *, needs: str | None = "gpu",
     - when the run lacks what the lesson ``needs`` (``"gpu"``: CUDA or MPS; ``"cuda"``; None: nothing), a visible
       notice says so and names the committed
       reference results that the figures will show instead (``note`` adds the lesson's own sentence);
-    - ``budget_s`` (a notebook parameter) bounds the notebook's longest work through ``Lesson.within_budget``.
+    - ``budget_s`` (a notebook parameter) bounds the notebook's longest work through ``Lesson.within_budget``;
+    - ``predicts``: the lesson's GPU sections show predictions from the GPU datasheet where no reference exists
+      (``helpers.speedoflight``), and the notice says so.
     """
     quick, device = course_parameters(quick, device)
     dev = devices.make_current(devices.pick_device(device))
@@ -124,7 +127,9 @@ def setup(notebook: str, quick: bool, device: str, *, needs: str | None = "gpu",
                       + devices.describe_markdown(lesson.hardware))
     if (needs == "gpu" and not lesson.on_gpu) or (needs == "cuda" and dev.type != "cuda"):
         refs = (f"GPU results appear from committed reference runs ({lesson.reference_names()})." if lesson.reference
-                else "No GPU reference result is committed yet for this notebook.")
+                else "No GPU reference result is committed yet for this notebook" + (
+                    ": its GPU sections show figures predicted from GPU datasheets instead, each labelled "
+                    f"“{PREDICTED}”." if predicts else "."))
         what = "No GPU" if needs == "gpu" else "No CUDA GPU"
         _display_markdown(" ".join(p for p in (f"**{what} in use here.**", note, refs) if p))
     return lesson

@@ -141,27 +141,32 @@ def training_progress(history, title: str = "Training progress", ax=None):
 
 
 def compare_bars(values: dict, *, unit: str, title: str, baseline: str | None = None, references: dict | None = None,
-                 lower_is_better: bool = True, ax=None):
+                 predictions: dict | None = None, lower_is_better: bool = True, ax=None):
     """Bars of one figure per label, annotated with its ratio to ``baseline`` (notebook 00).
 
     ``values`` maps a label ("this machine: cpu") to a number; ``references`` maps a reference
-    hardware name to a dict of the same shape and is drawn hatched beside them.
+    hardware name to a dict of the same shape and is drawn hatched beside them; ``predictions`` maps a GPU name
+    to such a dict, drawn with a lighter hatch and labelled as predicted (``helpers.speedoflight.predict_gpus``).
     """
-    series = [("this machine", values)] + [(f"reference: {k}", v) for k, v in (references or {}).items()]
+    series = [("this machine", values)] + [(f"reference: {k}", v) for k, v in (references or {}).items()] + \
+        [(f"{k}: predicted", v) for k, v in (predictions or {}).items()]
     labels = [label if name == "this machine" else f"{label}\n({name})" for name, vals in series for label in vals]
     heights = [v for _, vals in series for v in vals.values()]
     ax = _axes(ax, (min(12.0, max(5.0, 1.4 * len(heights))), 3.8))
     bars = ax.bar(range(len(heights)), heights, color=[f"C{i % 10}" for i in range(len(heights))])
     for bar, (name, _) in zip(bars, [(n, lab) for n, vals in series for lab in vals]):
-        bar.set_hatch("" if name == "this machine" else "//")
+        bar.set_hatch("" if name == "this machine" else ".." if name.endswith(": predicted") else "//")
+        bar.set_alpha(0.6 if name.endswith(": predicted") else 1.0)
     base = values.get(baseline) if baseline else None
     notes = [ax.annotate(f"{h:.3g} {unit}" + (f"\n{h / base:.2g}×" if base else ""),
                          (bar.get_x() + bar.get_width() / 2, h), ha="center", va="bottom", fontsize="small")
              for bar, h in zip(bars, heights)]
     ax.set_xticks(range(len(heights)), labels, fontsize="small")
     ax.set_ylabel(f"{unit} ({'lower' if lower_is_better else 'higher'} is better)")
-    if base:  # the ratio's reference is named once, not on every bar
-        ax.set_xlabel(_wrap(f"× = ratio to “{baseline}”", _chars(ax, 10)), fontsize="small")
+    notes_x = ([f"× = ratio to “{baseline}”"] if base else []) + \
+        ([f"dotted bars: {PREDICTED_LABEL}"] if predictions else [])
+    if notes_x:  # the ratio's reference is named once, not on every bar; predicted bars are named as such
+        ax.set_xlabel(_wrap("; ".join(notes_x), _chars(ax, 10)), fontsize="small")
     ax.margins(y=0.25)
     _finish(ax, title, legend=False, grid=False)
     _fit_xticklabels(ax)
@@ -192,11 +197,16 @@ def _room_above(ax, notes: list) -> None:
         ax.set_ylim(low, high + (top - box.y1 + 6) / box.height * (high - low) * 1.3)
 
 
-def compare_lines(series: dict, *, xlabel: str, ylabel: str, title: str, references: dict | None = None,
-                  logx: bool = True, logy: bool = False, ax=None):
-    """Lines of y against x for each series ("cpu", "cuda:0", …), with reference series dashed (notebook 01).
+PREDICTED_LABEL = "predicted from the datasheet, not measured"
 
-    ``series`` maps a name to ``{x: y}``; ``references`` maps a reference hardware name to such a dict.
+
+def compare_lines(series: dict, *, xlabel: str, ylabel: str, title: str, references: dict | None = None,
+                  predictions: dict | None = None, logx: bool = True, logy: bool = False, ax=None):
+    """Lines of y against x for each series ("cpu", "cuda:0", …), with reference series dashed and predicted ones
+    dotted, each prediction's legend entry saying it was predicted, not measured (notebook 01).
+
+    ``series`` maps a name to ``{x: y}``; ``references`` maps a reference hardware name to such a dict;
+    ``predictions`` maps a GPU name to ``{x: y}`` (``helpers.speedoflight.predict_gpus``).
     """
     ax = _axes(ax, (7, 4))
     for name, points in series.items():
@@ -204,6 +214,8 @@ def compare_lines(series: dict, *, xlabel: str, ylabel: str, title: str, referen
     for ref_name, ref_series in (references or {}).items():
         for name, points in ref_series.items():
             ax.plot(*_sorted_points(points), "s--", alpha=0.7, label=f"reference {ref_name}: {name}")
+    for gpu, points in (predictions or {}).items():
+        ax.plot(*_sorted_points(points), "^:", alpha=0.8, label=f"{gpu}: {PREDICTED_LABEL}")
     if logx:
         ax.set_xscale("log", base=2)
         if ax.get_xlim()[1] <= 5000:  # batch sizes read as numbers (1, 2, 4, …, 4096), not as powers of 2
@@ -217,12 +229,15 @@ def compare_lines(series: dict, *, xlabel: str, ylabel: str, title: str, referen
     return ax
 
 
-def scaling(speedup: dict, *, label: str, title: str, references: dict | None = None, ax=None):
-    """Speed-up against the number of workers, with the ideal linear line and reference curves (notebook 05)."""
+def scaling(speedup: dict, *, label: str, title: str, references: dict | None = None,
+            predictions: dict | None = None, ax=None):
+    """Speed-up against the number of workers, with the ideal linear line, reference curves and predicted ones
+    (notebook 05)."""
     ax = compare_lines({label: speedup}, xlabel="workers (GPUs or CPU processes)", references=references,
-                       ylabel="speed-up over one plain process (×)", title=title, logx=False, ax=ax)
+                       predictions=predictions, ylabel="speed-up over one plain process (×)", title=title,
+                       logx=False, ax=ax)
     top = max([float(k) for k in speedup] + [float(k) for r in (references or {}).values() for s in r.values()
-                                              for k in s])
+                                              for k in s] + [float(k) for p in (predictions or {}).values() for k in p])
     ax.plot([1, top], [1, top], ":", color="gray", label="ideal (linear)")
     _finish(ax, title)
     return ax

@@ -304,3 +304,27 @@ def mfu(flops_per_s: float, device="cpu", dtype: str = "float32", *, ceilings: d
         sheet_peak = rates.get(dtype, rates.get("float32"))["value"]
         found.update(datasheet_gpu=name, datasheet_peak_flops_per_s=sheet_peak, datasheet_mfu=flops_per_s / sheet_peak)
     return found
+
+
+def predicted_sweep(points: dict, gpus=DEFAULT_GPUS, *, op_s: float | None = None, **count_kw) -> dict:
+    """Count one step per sweep point and predict it on each GPU: ``points`` maps x (a batch size, a width) to
+    ``(model, batch)``; ``count_kw`` go to ``count_step`` (notebooks 01 and 02).
+
+    Returns ``{"items_per_s": {gpu: {x: predicted items/s}}, "step_s": {gpu: {x: s}}, "bound": {gpu: {x: regime}},
+    "skipped": {gpu: why}, "work": {x: {"flops", "bytes", "ops", "kernels"}}, "label": PREDICTED}``.
+    """
+    from .stepwork import count_step
+
+    op_s = measured_ceilings("cpu")["op_s"] if op_s is None else op_s
+    found = {"items_per_s": {}, "step_s": {}, "bound": {}, "skipped": {}, "work": {}, "label": PREDICTED}
+    for x, (model, batch) in points.items():
+        work = count_step(model, batch, "cpu", **count_kw)
+        found["work"][x] = {k: getattr(work, k) for k in ("flops", "bytes", "ops", "kernels", "items")}
+        for gpu, p in predict_gpus(work, gpus, op_s=op_s).items():
+            if "skipped" in p:
+                found["skipped"][gpu] = p["skipped"]
+                continue
+            found["step_s"].setdefault(gpu, {})[x] = p["step_s"]
+            found["items_per_s"].setdefault(gpu, {})[x] = work.items / p["step_s"]
+            found["bound"].setdefault(gpu, {})[x] = p["bound"]
+    return found

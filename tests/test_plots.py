@@ -133,6 +133,7 @@ def _lines(names, n: int = 8):
 
 
 NAMES = [f"{clock}, variant {k}" for k in range(2) for clock in LONG]
+PREDICTED_GPUS = ("T4", "A100 80GB SXM", "H100 SXM")
 CLASSES = [f"class number {k} (long name)" for k in range(12)]
 PHASES = {f"phase {k}: {what}": ms for k, (what, ms) in enumerate(
     [("data wait (CPU)", 3.0), ("host→device copy", 0.4), ("forward pass", 6.0), ("backward pass", 11.0),
@@ -148,12 +149,19 @@ FIGURES = {  # every public plots function, with long labels, many items and sma
                                    baseline=f"{NAMES[0]} (0)", lower_is_better=False, title="Twelve bars",
                                    references={"NVIDIA H100 80GB HBM3": {NAMES[0]: 900.0, NAMES[1]: 1300.0}}),
         lambda: _two_bar_charts(),  # lesson 08: two charts side by side in a figure the notebook made
+        lambda: plots.compare_bars({"fp32": 40.0, "bf16 autocast": 25.0}, unit="ms/step", baseline="fp32",
+                                   title="Step time per precision", predictions={
+                                       gpu: {"fp32": 2.0, "bf16 autocast": 1.0} for gpu in PREDICTED_GPUS}),
     ],
     "compare_lines": [lambda: plots.compare_lines(_lines(NAMES), xlabel="batch size", ylabel="items/s", title="Lines",
                                                   references={"NVIDIA A100-SXM4-80GB": _lines(NAMES[:3])},
-                                                  ax=_small(size=(6, 3.5)))],
+                                                  ax=_small(size=(6, 3.5))),
+                      lambda: plots.compare_lines(_lines(NAMES[:1]), xlabel="batch size", ylabel="items/s",
+                                                  title="Lines", predictions=_lines(PREDICTED_GPUS), logy=True)],
     "scaling": [lambda: plots.scaling({1: 1.0, 2: 1.7, 4: 2.9}, label="CPU processes (gloo) on this machine",
-                                      title="Speed-up", references={"8× H100": _lines(NAMES[:2], 4)})],
+                                      title="Speed-up", references={"8× H100": _lines(NAMES[:2], 4)}),
+                lambda: plots.scaling({1: 1.0, 2: 1.7}, label="CPU processes", title="Speed-up",
+                                      predictions={gpu: {1: 1.0, 8: 7.5} for gpu in PREDICTED_GPUS})],
     "confusion_matrix": [lambda: plots.confusion_matrix(torch.randint(0, 1000, (12, 12)), CLASSES, title="Twelve",
                                                         xlabel="predicted class (of twelve)")],
     "phase_bar": [lambda: plots.phase_bar(PHASES, title="One training step split into its phases, on this CPU"),
@@ -208,3 +216,17 @@ def test_the_overlap_check_can_fail():
     ax.text(0.5, 0.5, "two", transform=ax.transAxes)
     assert overlapping_texts(fig) == [("one", "two")] or overlapping_texts(fig) == [("two", "one")]
     plt.close(fig)
+
+
+def test_a_predicted_series_says_so_where_it_is_drawn():
+    """Each predicted line's legend entry, and each predicted bar's label, says it was predicted, not measured."""
+    ax = plots.compare_lines(_lines(["cpu"]), xlabel="batch", ylabel="items/s", title="t",
+                             predictions=_lines(PREDICTED_GPUS))
+    legend = [t.get_text().replace("\n", " ") for t in ax.get_legend().get_texts()]
+    assert sum("predicted from the datasheet, not measured" in s for s in legend) == len(PREDICTED_GPUS), legend
+    assert not any("predicted" in s for s in legend if s.startswith("this machine")), legend
+    ax = plots.compare_bars({"fp32": 4.0}, unit="ms", title="t", predictions={"T4": {"fp32": 1.0}})
+    ticks = [t.get_text() for t in ax.get_xticklabels()]
+    assert ticks[0] == "fp32" and "predicted" in ticks[1] and "T4" in ticks[1]
+    assert "predicted from the datasheet, not measured" in ax.get_xlabel().replace("\n", " ")
+    plt.close("all")
