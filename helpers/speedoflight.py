@@ -260,9 +260,11 @@ def predict_gpus(work, gpus=DEFAULT_GPUS, *, op_s: float | None = None) -> dict:
     sheet, work = datasheet(), dict(work.state_dict() if hasattr(work, "state_dict") else work)
     work["h2d_bytes"] = max(work.get("h2d_bytes", 0), work.get("input_bytes", 0))  # counted on a CPU: no copy seen
     op_s = measured_ceilings("cpu")["op_s"] if op_s is None else op_s
-    found = {}
+    found, dtype = {}, main_dtype(work)
     for name in gpus:
         try:
+            if dtype not in sheet[name]["flops_per_s"]:  # no fall-back to another dtype's peak: that is a guess
+                raise ValueError(f"the datasheet has no {dtype} peak for {name}")
             found[name] = {**predict_step(work, datasheet_ceilings(sheet[name], op_s=op_s)), "label": PREDICTED}
         except (KeyError, ValueError) as err:
             found[name] = {"skipped": str(err).strip("'\"")}
@@ -327,4 +329,21 @@ def predicted_sweep(points: dict, gpus=DEFAULT_GPUS, *, op_s: float | None = Non
             found["step_s"].setdefault(gpu, {})[x] = p["step_s"]
             found["items_per_s"].setdefault(gpu, {})[x] = work.items / p["step_s"]
             found["bound"].setdefault(gpu, {})[x] = p["bound"]
+    return found
+
+
+def predicted_matmul(sizes, dtype: str = "float32", gpus=DEFAULT_GPUS, *, op_s: float | None = None) -> dict:
+    """Predicted GFLOP/s of an ``n×n @ n×n`` product on each datasheet GPU, for each ``n`` in ``sizes``: one operator
+    of ``2n³`` FLOPs reading two and writing one ``n×n`` matrix, timed back to back as notebook 02 times it (the
+    host issues the next call while the device works). ``{gpu: {n: GFLOP/s}}``; a GPU without a peak for ``dtype``
+    is left out (notebook 02)."""
+    op_s = measured_ceilings("cpu")["op_s"] if op_s is None else op_s
+    itemsize = torch.empty(0, dtype=getattr(torch, "float32" if dtype == "tf32" else dtype)).element_size()
+    found = {}
+    for n in sizes:
+        work = {"rows": [{"op": "aten.mm", "dtype": dtype, "flops": 2 * n**3, "bytes": 3 * n * n * itemsize,
+                          "kernel": True, "calls": 1}], "ops": 1, "kernels": 1, "h2d_bytes": 0}
+        for gpu, p in predict_gpus(work, gpus, op_s=op_s).items():
+            if "step_s" in p:
+                found.setdefault(gpu, {})[n] = 2 * n**3 / p["step_s"] / 1e9
     return found

@@ -70,6 +70,9 @@ def _steps(input_shape) -> int:
     return n
 
 
+RECURRENT = (aten._cudnn_rnn, aten._cudnn_rnn_backward, aten.mkldnn_rnn_layer, aten.mkldnn_rnn_layer_backward)
+
+
 def _cudnn_rnn_flop(input, weight, weight_stride0, weight_buf, hx, cx, mode, hidden_size, proj_size, num_layers,
                     batch_first, dropout, train, bidirectional, *args, out_shape=None, **kwargs) -> int:
     return rnn_flops(input[-1], hidden_size, steps=_steps(input), mode=mode, num_layers=num_layers,
@@ -114,6 +117,17 @@ ANALYTIC_OPS = {
     aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_flop,
     aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_backward_flop,
 }
+
+
+def _time_steps(packet, args) -> int:
+    """Sequential steps of a fused recurrent operator: its time steps (times its layers, for cuDNN's one call over
+    all layers). Each depends on the one before, so they cannot run as one kernel: counted as one launch each."""
+    if packet in (aten.mkldnn_rnn_layer, aten.mkldnn_rnn_layer_backward):
+        return int(args[0].shape[0])  # oneDNN: one layer and direction per call, input (T, B, I)
+    backward = packet is aten._cudnn_rnn_backward
+    layers, batch_first, batch_sizes = (args[13], args[14], args[18]) if backward else (args[9], args[10], args[14])
+    steps = len(batch_sizes) if batch_sizes is not None and len(batch_sizes) else args[0].shape[1 if batch_first else 0]
+    return int(steps) * int(layers)
 
 
 def tensor_bytes(t: torch.Tensor) -> int:
@@ -178,7 +192,7 @@ class WorkCounter(TorchDispatchMode):
         kernel = not func.is_view and packet not in _ALLOCATIONS
         nbytes = sum(map(tensor_bytes, inputs + outputs)) if kernel else 0
         self.ops += 1
-        self.kernels += kernel
+        self.kernels += (_time_steps(packet, args) if packet in RECURRENT else 1) if kernel else 0
         if packet in ANALYTIC_OPS:
             self.analytic[str(packet)] += flops
         if packet in _COPIES and inputs and outputs:
@@ -196,7 +210,7 @@ class StepWork:
     ``flops`` come from ``FlopCounterMode`` (``analytic``: the part counted by ``ANALYTIC_OPS``, per operator);
     ``bytes`` is the unfused traffic (each operator's inputs read once and outputs written once); ``ops`` every ATen
     operator dispatched (the host's work), ``kernels`` those that touch data (views and bare allocations excluded:
-    on a GPU, roughly the kernels launched); ``h2d_bytes`` what the step copied host→device and ``input_bytes``
+    on a GPU, roughly the kernels launched; a fused recurrent operator counts one per time step, ``_time_steps``); ``h2d_bytes`` what the step copied host→device and ``input_bytes``
     what a GPU run would copy (the batch, less the inputs kept on the host).
     """
 

@@ -99,6 +99,23 @@ def test_lstm_gets_its_analytic_count(layers, bidirectional):
     assert work.flops == 3 * forward + 3 * 2 * b * h * (1 + bidirectional) * k  # + the head, forward and backward
 
 
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN: the LSTM is decomposed")
+def test_a_fused_recurrent_operator_counts_a_launch_per_time_step():
+    """The time steps of a fused LSTM depend on each other: one kernel cannot run them, so each is counted."""
+    b, t, i, h, k = 3, 11, 12, 20, 3
+    work = count_step(LastStep(i, h, k, 1, True), (torch.randn(b, t, i), torch.randint(0, k, (b,))))
+    fused = sum(r["calls"] for r in work.rows if "mkldnn_rnn_layer" in r["op"])
+    assert fused == 4, "two directions, forward and backward: four fused calls"
+    assert work.kernels >= fused * t and work.kernels < fused * t + 100
+    from helpers.stepwork import _time_steps
+    padded, packed = ((50, 8, 12), None), ((123, 12), None)
+    fwd = lambda shape, batch_sizes, first=False: (torch.empty(shape), *[None] * 8, 2, first, 0.0, True, True,  # noqa
+                                                   batch_sizes)
+    assert _time_steps(aten._cudnn_rnn, fwd(*padded)) == 50 * 2
+    assert _time_steps(aten._cudnn_rnn, fwd((8, 50, 12), None, True)) == 50 * 2
+    assert _time_steps(aten._cudnn_rnn, fwd(packed[0], torch.tensor([4] * 30 + [3]))) == 31 * 2
+
+
 def test_the_packed_lstm_formula_matches_the_counted_products():
     """Where PyTorch runs a packed LSTM as per-step matrix products, FlopCounterMode's count is the formula's."""
     lengths = torch.tensor([9, 4, 7, 2])
