@@ -249,7 +249,7 @@ def predict_step(work, ceilings: dict) -> dict:
             "overlap": bool(ceilings.get("overlap")), "top_ops_s": top}
 
 
-def predict_gpus(work, gpus=DEFAULT_GPUS, *, op_s: float | None = None) -> dict:
+def predict_gpus(work, gpus=DEFAULT_GPUS, *, op_s: float | None = None, copy_batch: bool = True) -> dict:
     """``predict_step`` of ``work`` on each datasheet GPU in ``gpus``: ``{name: prediction}`` (notebooks 01-08).
 
     The host's per-operator cost ``op_s`` is this machine's (default: ``measured_ceilings("cpu")``); each kernel adds
@@ -258,7 +258,8 @@ def predict_gpus(work, gpus=DEFAULT_GPUS, *, op_s: float | None = None) -> dict:
     a missing number is never guessed. Every prediction carries ``label``: ``PREDICTED``.
     """
     sheet, work = datasheet(), dict(work.state_dict() if hasattr(work, "state_dict") else work)
-    work["h2d_bytes"] = max(work.get("h2d_bytes", 0), work.get("input_bytes", 0))  # counted on a CPU: no copy seen
+    # counted on a CPU, the step copied nothing: a GPU run copies the batch (unless it is resident: copy_batch False)
+    work["h2d_bytes"] = max(work.get("h2d_bytes", 0), work.get("input_bytes", 0)) if copy_batch else 0
     op_s = measured_ceilings("cpu")["op_s"] if op_s is None else op_s
     found, dtype = {}, main_dtype(work)
     for name in gpus:
@@ -346,4 +347,24 @@ def predicted_matmul(sizes, dtype: str = "float32", gpus=DEFAULT_GPUS, *, op_s: 
         for gpu, p in predict_gpus(work, gpus, op_s=op_s).items():
             if "step_s" in p:
                 found.setdefault(gpu, {})[n] = 2 * n**3 / p["step_s"] / 1e9
+    return found
+
+
+def predicted_copy(sizes, gpus=DEFAULT_GPUS, *, op_s: float | None = None) -> dict:
+    """Predicted host→device bandwidth from pinned memory on each datasheet GPU's PCIe link, for each size in bytes:
+    ``size / (per-copy host cost + size / link rate)``, the per-copy cost being this machine's cost per operator plus
+    the cited launch cost, the link rate the theoretical one-direction rate of its generation and width
+    (``helpers.transfer.pcie_theoretical``). ``{gpu: {"link", "gbps": {size: GB/s}}}``; a GPU whose link is not a
+    PCIe link of known width is left out (notebook 03)."""
+    from .transfer import pcie_theoretical
+
+    op_s = measured_ceilings("cpu")["op_s"] if op_s is None else op_s
+    fixed, found = op_s + launch_cost()["value"], {}
+    for gpu in gpus:
+        link = datasheet()[gpu].get("host_link", {})
+        if link.get("kind") != "PCIe" or not (link.get("generation") and link.get("lanes")):
+            continue
+        rate = pcie_theoretical(link["generation"], link["lanes"])["gbps"] * 1e9
+        found[gpu] = {"link": f"PCIe Gen{link['generation']} x{link['lanes']}",
+                      "gbps": {s: s / (fixed + s / rate) / 1e9 for s in sizes}}
     return found

@@ -295,3 +295,15 @@ def _work(counter: WorkCounter, flop_counter: FlopCounterMode, device, host, hos
                     input_bytes=sum(map(tensor_bytes, moved)), analytic=dict(counter.analytic),
                     flops_by_op={str(k): int(v) for k, v in flop_counter.get_flop_counts().get("Global", {}).items()},
                     rows=rows)
+
+
+def count_fn(fn, *args, **kwargs) -> StepWork:
+    """Count what one call ``fn(*args, **kwargs)`` does (FLOPs, bytes, operators), as ``count_step`` counts a
+    training step; ``items`` is 1 and ``input_bytes`` the tensors passed in (notebook 03)."""
+    with FlopCounterMode(display=False, custom_mapping=ANALYTIC_OPS) as flop_counter:
+        with WorkCounter(flop_counter.flop_registry) as counter:
+            fn(*args, **kwargs)
+    tensors = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+    work = _work(counter, flop_counter, torch.device("cpu"), (torch.zeros(1),), ())
+    work.input_bytes = sum(map(tensor_bytes, tensors))
+    return work
