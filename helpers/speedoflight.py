@@ -368,3 +368,42 @@ def predicted_copy(sizes, gpus=DEFAULT_GPUS, *, op_s: float | None = None) -> di
         found[gpu] = {"link": f"PCIe Gen{link['generation']} x{link['lanes']}",
                       "gbps": {s: s / (fixed + s / rate) / 1e9 for s in sizes}}
     return found
+
+
+def ddp_mfu(run: dict, ceilings: dict) -> dict | None:
+    """MFU of a ``helpers.distributed`` run's fastest epoch (its ``flops_per_s``, all ranks together): on GPUs per
+    device, each rank having its own; on a CPU against the whole machine's peak, which every rank shares. The
+    dtype is the run's autocast dtype (bf16 or fp16), else fp32. None when the run counted no FLOPs (notebook 05)."""
+    if not run.get("flops_per_s"):
+        return None
+    per_device = run["flops_per_s"] / (run["world_size"] if run.get("device") == "cuda" else 1)
+    dtype = next((d for d in ("bfloat16", "float16") if d in str(run.get("autocast"))), "float32")
+    return mfu(per_device, ceilings["device"], dtype, ceilings=ceilings)
+
+
+def predicted_training(make_model, batch, *, images: int, epochs: int = 1, amp: bool = False, gpus=DEFAULT_GPUS,
+                       input_items_per_s: float | None = None, op_s: float | None = None, **count_kw) -> dict:
+    """Predicted time of ``epochs`` epochs of ``images`` items, in steps like one on ``batch``, on one of each
+    datasheet GPU (notebook 05): ``{gpu: {"epoch_s", "total_s", "step_s", "bound", "dtype", "label"}}``.
+
+    ``amp=True`` counts the step in the dtype autocast picks on that GPU (``helpers.training.resolve_amp``): bf16
+    where the datasheet has a bf16 peak, else fp16. ``input_items_per_s``: the input pipeline's rate as measured
+    here; an epoch takes at least ``images / input_items_per_s`` and ``bound`` says ``"input"`` when that binds.
+    """
+    from .stepwork import count_step
+
+    sheet, works, found = datasheet(), {}, {}
+    steps = -(-images // int(batch[-1].shape[0]))
+    for gpu in gpus:
+        dtype = ("bfloat16" if "bfloat16" in sheet[gpu]["flops_per_s"] else "float16") if amp else None
+        if dtype not in works:
+            works[dtype] = count_step(make_model(), batch, "cpu", amp=dtype or False, **count_kw)
+        p = predict_gpus(works[dtype], (gpu,), op_s=op_s)[gpu]
+        if "skipped" in p:
+            found[gpu] = p
+            continue
+        model_s, input_s = steps * p["step_s"], images / input_items_per_s if input_items_per_s else 0.0
+        found[gpu] = {"epoch_s": max(model_s, input_s), "total_s": epochs * max(model_s, input_s),
+                      "step_s": p["step_s"], "bound": "input" if input_s > model_s else p["bound"],
+                      "dtype": dtype or "float32", "label": PREDICTED}
+    return found
