@@ -407,3 +407,22 @@ def predicted_training(make_model, batch, *, images: int, epochs: int = 1, amp: 
                       "step_s": p["step_s"], "bound": "input" if input_s > model_s else p["bound"],
                       "dtype": dtype or "float32", "label": PREDICTED}
     return found
+
+
+def predicted_amp_speedup(make_model, batch, gpus=DEFAULT_GPUS, *, op_s: float | None = None, **count_kw) -> dict:
+    """Predicted speed-up of autocast (bf16 where the datasheet has a bf16 peak, else fp16) over true fp32 for one
+    training step on ``batch``, per datasheet GPU (notebook 06): ``{gpu: {"fp32_ms", "amp_ms", "amp_dtype",
+    "speedup", "bound": {"fp32", "amp"}, "label"}}``, or ``{"skipped": why}``."""
+    items = int(batch[-1].shape[0])
+    plain = predicted_training(make_model, batch, images=items, gpus=gpus, op_s=op_s, **count_kw)
+    mixed = predicted_training(make_model, batch, images=items, amp=True, gpus=gpus, op_s=op_s, **count_kw)
+    found = {}
+    for gpu in gpus:
+        a, b = plain[gpu], mixed[gpu]
+        if "skipped" in a or "skipped" in b:
+            found[gpu] = {"skipped": a.get("skipped") or b.get("skipped")}
+            continue
+        found[gpu] = {"fp32_ms": a["step_s"] * 1e3, "amp_ms": b["step_s"] * 1e3, "amp_dtype": b["dtype"],
+                      "speedup": a["step_s"] / b["step_s"], "bound": {"fp32": a["bound"], "amp": b["bound"]},
+                      "label": PREDICTED}
+    return found
