@@ -423,17 +423,20 @@ def ddp_diagram(ranks: int = 3, ax=None):
 
 
 def roofline(points: dict, *, peak_gflops: float, peak_gbps: float, title: str, references: dict | None = None,
-             ax=None):
+             datasheet: dict | None = None, ax=None):
     """Attainable GFLOP/s against arithmetic intensity (FLOP per byte): the memory slope, the compute roof, and
-    each measured point (notebook 08). ``references`` maps a hardware name to ``(peak_gflops, peak_gbps)``."""
+    each measured point (notebook 08). ``references`` maps a hardware name to its measured
+    ``(peak_gflops, peak_gbps)``, ``datasheet`` a GPU name to its datasheet ones (dotted, named as not measured)."""
     import numpy as np
 
     ax = _axes(ax, (7.5, 4.5))
     xs = np.logspace(-3, 4, 200)
     roofs = [("this machine", peak_gflops, peak_gbps, "-")] + [
-        (f"reference: {name}", g, b, "--") for name, (g, b) in (references or {}).items()]
-    for label, g, b, style in roofs:
-        ax.plot(xs, np.minimum(g, b * xs), style, color="gray", lw=1.5 if style == "-" else 1, label=label)
+        (f"reference: {name}", g, b, "--") for name, (g, b) in (references or {}).items()] + [
+        (f"{name}: datasheet peaks, not measured", g, b, ":") for name, (g, b) in (datasheet or {}).items()]
+    for k, (label, g, b, style) in enumerate(roofs):  # datasheet roofs in colours of their own, apart from points
+        color = "gray" if style != ":" else ("tab:olive", "tab:cyan", "tab:pink", "tab:brown")[k % 4]
+        ax.plot(xs, np.minimum(g, b * xs), style, color=color, lw=1.5 if style == "-" else 1, label=label)
     for k, (name, p) in enumerate(points.items()):
         ax.plot(max(p["intensity"], 1e-3), p["gflops"], "o", ms=8, color=f"C{k}", label=name)
     ax.set_xscale("log")

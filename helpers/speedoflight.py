@@ -426,3 +426,42 @@ def predicted_amp_speedup(make_model, batch, gpus=DEFAULT_GPUS, *, op_s: float |
                       "speedup": a["step_s"] / b["step_s"], "bound": {"fp32": a["bound"], "amp": b["bound"]},
                       "label": PREDICTED}
     return found
+
+
+def check_predictions(cases: dict, device="cpu", *, ceilings: dict | None = None, min_run_time: float = 0.3,
+                      gpus=DEFAULT_GPUS) -> dict:
+    """Predict each case on ``device`` from its counts and the device's measured ceilings, then measure it: the
+    model checked where it can be (notebook 08). ``cases`` maps a name to ``{"model", "batch", **count_step
+    options}`` (a training step, timed by ``helpers.timing.time_train_step``) or ``{"fn", "args"}`` (one call,
+    timed by ``helpers.timing.time_fn``). Returns ``{name: {"flops", "bytes", "ops", "kernels", "predicted_s",
+    "measured_s", "ratio" (measured / predicted), "bound", "gpus"}}``, ``gpus`` holding the same counts predicted on
+    each datasheet GPU (``predict_gpus``). Nothing is fitted: the ceilings are measured once.
+    """
+    import copy
+
+    from .stepwork import count_fn, count_step
+    from .timing import time_fn, time_train_step
+
+    ceilings = ceilings or measured_ceilings(device)
+    host_op_s = ceilings["op_s"] if str(ceilings.get("device", "cpu")) == "cpu" else None  # a CPU's, not a GPU's
+    found = {}
+    for name, case in cases.items():
+        case = dict(case)  # a call's inputs live on the device already; a training step copies its batch
+        if "fn" in case:
+            fn, args = case["fn"], [a.to(device) for a in case["args"]]
+            work = count_fn(fn, *[a.cpu() for a in case["args"]])
+            measured = time_fn(lambda: fn(*args), device, min_run_time=min_run_time).median_s
+        else:
+            model, batch = case.pop("model"), case.pop("batch")
+            work = count_step(copy.deepcopy(model), batch, device, **case)
+            options = {k: v for k, v in case.items() if k in ("optimizer", "amp", "host_inputs", "channels_last")}
+            if isinstance(options.get("optimizer"), type):  # a class: time_train_step wants an instance
+                options["optimizer"] = options["optimizer"](model.parameters(), lr=0.01)
+            measured = time_train_step(model, batch, device, min_run_time=min_run_time, **options).median_s
+        p = predict_step(work, ceilings)
+        on_gpus = {gpu: {k: g[k] for k in ("step_s", "bound")} if "step_s" in g else g
+                   for gpu, g in predict_gpus(work, gpus, op_s=host_op_s, copy_batch="fn" not in case).items()}
+        found[name] = {"flops": work.flops, "bytes": work.bytes, "ops": work.ops, "kernels": work.kernels,
+                       "predicted_s": p["step_s"], "measured_s": measured, "ratio": measured / p["step_s"],
+                       "bound": p["bound"], "gpus": on_gpus}
+    return found

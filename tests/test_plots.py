@@ -179,7 +179,11 @@ FIGURES = {  # every public plots function, with long labels, many items and sma
     "ddp_diagram": [lambda: plots.ddp_diagram(ranks=3), lambda: plots.ddp_diagram(ranks=8)],
     "roofline": [lambda: plots.roofline({f"{n}: fp32": {"intensity": 2.0 ** k, "gflops": 10.0 * 2 ** k}
                                          for k, n in enumerate(NAMES)}, peak_gflops=2000.0, peak_gbps=40.0,
-                                        title="Roofline", references={"NVIDIA H100 (dense bf16)": (989e3, 3350.0)})],
+                                        title="Roofline", references={"NVIDIA H100 (dense bf16)": (989e3, 3350.0)}),
+                 lambda: plots.roofline({"matmul": {"intensity": 300.0, "gflops": 300.0}}, peak_gflops=350.0,
+                                        peak_gbps=26.0, title="Roofline with datasheet GPUs",
+                                        datasheet={g: (8e3 * (k + 1), 300.0 * (k + 1)) for k, g in
+                                                   enumerate(PREDICTED_GPUS)})],
     "phase_stack": [lambda: plots.phase_stack({f"reference: {n}": dict(PHASES) for n in NAMES}, share=True,
                                               title="Where each step goes"),
                     lambda: _stacked_phases(2)],  # lesson 09: two short panels, one above the other
