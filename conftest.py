@@ -47,8 +47,10 @@ _executed: dict = {}
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """Browser tests (marked ``browser``) run last: the site test reads the notebooks nbval executed."""
-    items.sort(key=lambda item: item.get_closest_marker("browser") is not None)
+    """Tests that read the notebooks nbval executed (marked ``executed``) run after nbval, browser tests (marked
+    ``browser``) last: the site test reads the executed notebooks too."""
+    items.sort(key=lambda item: (item.get_closest_marker("browser") is not None,
+                                 item.get_closest_marker("executed") is not None))
 
 
 def pytest_runtest_teardown(item, nextitem):
