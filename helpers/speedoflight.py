@@ -249,7 +249,30 @@ def predict_step(work, ceilings: dict) -> dict:
             "overlap": bool(ceilings.get("overlap")), "top_ops_s": top}
 
 
-def predict_gpus(work, gpus=DEFAULT_GPUS, *, op_s: float | None = None, copy_batch: bool = True) -> dict:
+def gpus_here(gpus=None) -> tuple:
+    """``gpus``, or by default ``DEFAULT_GPUS`` and the datasheet entry of the CUDA GPU in use, if it has one: on a
+    GPU the datasheet knows, every prediction can be set against a measurement (notebooks 01-08)."""
+    if gpus is not None:
+        return tuple(gpus)
+    own = datasheet_name(torch.device("cuda", torch.cuda.current_device())) if torch.cuda.is_available() else None
+    return DEFAULT_GPUS + ((own,) if own and own not in DEFAULT_GPUS else ())
+
+
+def measured_over_predicted(measured: dict, predicted: dict) -> dict:
+    """``{key: measured / predicted}`` for every key both hold a positive number for (a nested dict: per key, the
+    same again) — how far a prediction was from the measurement on the GPU it was made for (notebooks 01-08)."""
+    found = {}
+    for key, m in measured.items():
+        p = predicted.get(key)
+        if isinstance(m, dict) and isinstance(p, dict):
+            inner = measured_over_predicted(m, p)
+            found.update({key: inner} if inner else {})
+        elif isinstance(m, (int, float)) and isinstance(p, (int, float)) and m > 0 and p > 0:
+            found[key] = m / p
+    return found
+
+
+def predict_gpus(work, gpus=None, *, op_s: float | None = None, copy_batch: bool = True) -> dict:
     """``predict_step`` of ``work`` on each datasheet GPU in ``gpus``: ``{name: prediction}`` (notebooks 01-08).
 
     The host's per-operator cost ``op_s`` is this machine's (default: ``measured_ceilings("cpu")``); each kernel adds
@@ -257,7 +280,7 @@ def predict_gpus(work, gpus=DEFAULT_GPUS, *, op_s: float | None = None, copy_bat
     whose datasheet has no peak for the work's dtype gets ``{"skipped": why}`` instead:
     a missing number is never guessed. Every prediction carries ``label``: ``PREDICTED``.
     """
-    sheet, work = datasheet(), dict(work.state_dict() if hasattr(work, "state_dict") else work)
+    sheet, work, gpus = datasheet(), dict(work.state_dict() if hasattr(work, "state_dict") else work), gpus_here(gpus)
     # counted on a CPU, the step copied nothing: a GPU run copies the batch (unless it is resident: copy_batch False)
     work["h2d_bytes"] = max(work.get("h2d_bytes", 0), work.get("input_bytes", 0)) if copy_batch else 0
     op_s = measured_ceilings("cpu")["op_s"] if op_s is None else op_s
@@ -309,7 +332,7 @@ def mfu(flops_per_s: float, device="cpu", dtype: str = "float32", *, ceilings: d
     return found
 
 
-def predicted_sweep(points: dict, gpus=DEFAULT_GPUS, *, op_s: float | None = None, **count_kw) -> dict:
+def predicted_sweep(points: dict, gpus=None, *, op_s: float | None = None, **count_kw) -> dict:
     """Count one step per sweep point and predict it on each GPU: ``points`` maps x (a batch size, a width) to
     ``(model, batch)``; ``count_kw`` go to ``count_step`` (notebooks 01 and 02).
 
@@ -333,7 +356,7 @@ def predicted_sweep(points: dict, gpus=DEFAULT_GPUS, *, op_s: float | None = Non
     return found
 
 
-def predicted_matmul(sizes, dtype: str = "float32", gpus=DEFAULT_GPUS, *, op_s: float | None = None) -> dict:
+def predicted_matmul(sizes, dtype: str = "float32", gpus=None, *, op_s: float | None = None) -> dict:
     """Predicted GFLOP/s of an ``n×n @ n×n`` product on each datasheet GPU, for each ``n`` in ``sizes``: one operator
     of ``2n³`` FLOPs reading two and writing one ``n×n`` matrix, timed back to back as notebook 02 times it (the
     host issues the next call while the device works). ``{gpu: {n: GFLOP/s}}``; a GPU without a peak for ``dtype``
@@ -350,7 +373,7 @@ def predicted_matmul(sizes, dtype: str = "float32", gpus=DEFAULT_GPUS, *, op_s: 
     return found
 
 
-def predicted_copy(sizes, gpus=DEFAULT_GPUS, *, op_s: float | None = None) -> dict:
+def predicted_copy(sizes, gpus=None, *, op_s: float | None = None) -> dict:
     """Predicted host→device bandwidth from pinned memory on each datasheet GPU's PCIe link, for each size in bytes:
     ``size / (per-copy host cost + size / link rate)``, the per-copy cost being this machine's cost per operator plus
     the cited launch cost, the link rate the theoretical one-direction rate of its generation and width
@@ -360,7 +383,7 @@ def predicted_copy(sizes, gpus=DEFAULT_GPUS, *, op_s: float | None = None) -> di
 
     op_s = measured_ceilings("cpu")["op_s"] if op_s is None else op_s
     fixed, found = op_s + launch_cost()["value"], {}
-    for gpu in gpus:
+    for gpu in gpus_here(gpus):
         link = datasheet()[gpu].get("host_link", {})
         if link.get("kind") != "PCIe" or not (link.get("generation") and link.get("lanes")):
             continue
@@ -381,7 +404,7 @@ def ddp_mfu(run: dict, ceilings: dict) -> dict | None:
     return mfu(per_device, ceilings["device"], dtype, ceilings=ceilings)
 
 
-def predicted_training(make_model, batch, *, images: int, epochs: int = 1, amp: bool = False, gpus=DEFAULT_GPUS,
+def predicted_training(make_model, batch, *, images: int, epochs: int = 1, amp: bool = False, gpus=None,
                        input_items_per_s: float | None = None, op_s: float | None = None, **count_kw) -> dict:
     """Predicted time of ``epochs`` epochs of ``images`` items, in steps like one on ``batch``, on one of each
     datasheet GPU (notebook 05): ``{gpu: {"epoch_s", "total_s", "step_s", "bound", "dtype", "label"}}``.
@@ -392,7 +415,7 @@ def predicted_training(make_model, batch, *, images: int, epochs: int = 1, amp: 
     """
     from .stepwork import count_step
 
-    sheet, works, found = datasheet(), {}, {}
+    sheet, works, found, gpus = datasheet(), {}, {}, gpus_here(gpus)
     steps = -(-images // int(batch[-1].shape[0]))
     for gpu in gpus:
         dtype = ("bfloat16" if "bfloat16" in sheet[gpu]["flops_per_s"] else "float16") if amp else None
@@ -409,11 +432,11 @@ def predicted_training(make_model, batch, *, images: int, epochs: int = 1, amp: 
     return found
 
 
-def predicted_amp_speedup(make_model, batch, gpus=DEFAULT_GPUS, *, op_s: float | None = None, **count_kw) -> dict:
+def predicted_amp_speedup(make_model, batch, gpus=None, *, op_s: float | None = None, **count_kw) -> dict:
     """Predicted speed-up of autocast (bf16 where the datasheet has a bf16 peak, else fp16) over true fp32 for one
     training step on ``batch``, per datasheet GPU (notebook 06): ``{gpu: {"fp32_ms", "amp_ms", "amp_dtype",
     "speedup", "bound": {"fp32", "amp"}, "label"}}``, or ``{"skipped": why}``."""
-    items = int(batch[-1].shape[0])
+    items, gpus = int(batch[-1].shape[0]), gpus_here(gpus)
     plain = predicted_training(make_model, batch, images=items, gpus=gpus, op_s=op_s, **count_kw)
     mixed = predicted_training(make_model, batch, images=items, amp=True, gpus=gpus, op_s=op_s, **count_kw)
     found = {}
@@ -429,7 +452,7 @@ def predicted_amp_speedup(make_model, batch, gpus=DEFAULT_GPUS, *, op_s: float |
 
 
 def check_predictions(cases: dict, device="cpu", *, ceilings: dict | None = None, min_run_time: float = 0.3,
-                      gpus=DEFAULT_GPUS) -> dict:
+                      gpus=None) -> dict:
     """Predict each case on ``device`` from its counts and the device's measured ceilings, then measure it: the
     model checked where it can be (notebook 08). ``cases`` maps a name to ``{"model", "batch", **count_step
     options}`` (a training step, timed by ``helpers.timing.time_train_step``) or ``{"fn", "args"}`` (one call,

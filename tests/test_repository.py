@@ -134,7 +134,8 @@ def test_promote_reference_copies_full_mode_results_only(tmp_path, monkeypatch):
 
     src = tmp_path / "results"
     hw = {"name": "1x-test-gpu", "cpu": "x", "cpu_cores": 1, "gpus": [{"name": "Test GPU"}], "torch": "2.x"}
-    results.save_results("02_demo", {"v": 1}, quick=False, device="cuda:0", out_dir=src, hardware=hw)
+    results.save_results("02_demo", {"v": 1, "measured_over_predicted": {"conv": {"8": 1.4}}}, quick=False,
+                         device="cuda:0", out_dir=src, hardware=hw)
     results.save_results("03_demo", {"v": 1}, quick=True, device="cuda:0", out_dir=src, hardware=hw)
     results.save_results("04_demo", {"v": 1}, quick=False, device="cpu", out_dir=src, hardware=hw)
     stopped = results.save_results("05_demo", {"v": 1}, quick=False, device="cuda:0", out_dir=src, hardware=hw,
@@ -143,7 +144,10 @@ def test_promote_reference_copies_full_mode_results_only(tmp_path, monkeypatch):
     stopped.write_text(json.dumps(dict(record, stopped=True)))  # as tools/run_course.py marks a stopped notebook
     monkeypatch.setattr(promote_reference, "reference_dir", lambda: tmp_path / "reference")
     assert promote_reference.main([str(src)]) == 0
-    assert [p.name for p in (tmp_path / "reference" / "1x-test-gpu").iterdir()] == ["02_demo.json"]
+    folder = tmp_path / "reference" / "1x-test-gpu"
+    assert sorted(p.name for p in folder.iterdir()) == ["02_demo.json", "prediction_check.json"]
+    check = json.loads((folder / "prediction_check.json").read_text())
+    assert check["notebooks"] == {"02_demo": {"conv": {"8": 1.4}}} and check["hardware"]["name"] == "1x-test-gpu"
     assert promote_reference.main([str(tmp_path / "empty")]) == 2
 
 

@@ -200,3 +200,22 @@ def test_a_missing_peak_is_an_error_not_a_guess():
     assert predict_step(bf16, h200)["compute_s"] == pytest.approx(2e9 / 989.5e12)
     with pytest.raises(ValueError, match="no peak for float32"):
         predict_step(synthetic_work(), h200)
+
+
+def test_the_gpu_in_use_joins_the_predictions_when_the_datasheet_knows_it(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    assert speedoflight.gpus_here() == speedoflight.DEFAULT_GPUS + ("H200 SXM",)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
+    assert speedoflight.gpus_here() == speedoflight.DEFAULT_GPUS, "already among the defaults: not twice"
+    assert speedoflight.gpus_here(["L4"]) == ("L4",)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert speedoflight.gpus_here() == speedoflight.DEFAULT_GPUS
+
+
+def test_measured_over_predicted_pairs_what_both_hold():
+    measured = {"conv": {"8": 2.0, "64": 4.0}, "lstm": 3.0, "copy": None, "only here": 1.0}
+    predicted = {"conv": {"8": 1.0, "64": 0.0}, "lstm": 1.5, "copy": 2.0}
+    assert speedoflight.measured_over_predicted(measured, predicted) == {"conv": {"8": 2.0}, "lstm": 2.0}
+    assert speedoflight.measured_over_predicted({"a": {"b": 1.0}}, {"a": {"c": 1.0}}) == {}

@@ -6,16 +6,37 @@ Only full-mode results measured on a GPU are promoted (quick-mode figures and CP
 those of a notebook stopped at its time limit; results sized to a time budget (`make gpu-check`) keep their
 `budget_s`, which the notebooks print beside the figures.
 Each file keeps the hardware, driver and torch version it was measured with; commit the new folder with a message
-naming the machine.
+naming the machine. The speed-of-light check travels with it: every promoted notebook's `measured_over_predicted`
+(measured / predicted from the datasheet, on a GPU the datasheet knows) is gathered into
+`prediction_check.json` beside the results, so the model's error on GPUs is known, not guessed.
 """
 import argparse
+import json
 import shutil
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from helpers.results import load_results, reference_dir
+from helpers.results import atomic_write_text, load_results, reference_dir
+
+
+def gather_prediction_check(folder: Path) -> Path | None:
+    """Write ``folder/prediction_check.json``: ``{notebook: measured / predicted}`` from the promoted results that
+    hold any, with the hardware they were measured on; None (and no file) when none holds a ratio."""
+    found, hardware = {}, None
+    for path in sorted(folder.glob("[0-9][0-9]_*.json")):
+        rec = load_results(path)
+        ratios = rec["results"].get("measured_over_predicted")
+        if ratios:
+            found[path.stem], hardware = ratios, rec["hardware"]
+    if not found:
+        return None
+    target = folder / "prediction_check.json"
+    atomic_write_text(target, json.dumps({"about": "measured / predicted from data/gpu_datasheet.json, per notebook "
+                                          "(helpers.speedoflight): above 1, slower than predicted",
+                                          "hardware": hardware, "notebooks": found}, indent=1) + "\n")
+    return target
 
 
 def main(argv=None) -> int:
@@ -23,10 +44,11 @@ def main(argv=None) -> int:
     ap.add_argument("results", help="a folder of results JSON files (build/results or $OUT/results)")
     ap.add_argument("--force", action="store_true", help="replace existing reference files")
     args = ap.parse_args(argv)
-    files = sorted(Path(args.results).glob("*.json"))
+    files = sorted(Path(args.results).glob("[0-9][0-9]_*.json"))
     if not files:
         print(f"error: no results files in {args.results}", file=sys.stderr)
         return 2
+    promoted = set()
     for path in files:
         rec = load_results(path)
         if rec["quick"]:
@@ -44,8 +66,13 @@ def main(argv=None) -> int:
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, target)
+        promoted.add(target.parent)
         budget = f" (sized to a time budget of {rec['budget_s']:.0f} s: smaller than a full run)" if rec.get("budget_s") else ""
         print(f"{path.name} -> {target}{budget}")
+    for folder in sorted(promoted):
+        check = gather_prediction_check(folder)
+        print(f"measured / predicted: {check}" if check else f"measured / predicted: none in {folder} (the GPU is "
+              "not in data/gpu_datasheet.json, or no notebook predicted it)")
     return 0
 
 
