@@ -28,7 +28,7 @@ def gather_prediction_check(folder: Path) -> Path | None:
     for path in sorted(folder.glob("[0-9][0-9]_*.json")):
         rec = load_results(path)
         ratios = rec["results"].get("measured_over_predicted")
-        if ratios:
+        if ratios and any(isinstance(v, (int, float)) or (isinstance(v, dict) and v) for v in ratios.values()):
             found[path.stem], hardware = ratios, rec["hardware"]
     if not found:
         return None
