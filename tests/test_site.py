@@ -205,11 +205,7 @@ SCREENSHOTS = ROOT / "build" / "site-screenshots"
 TOO_LONG = "notebook line longer than 120 characters (to be shortened)"
 PROFILER_TABLE = "PyTorch's profiler table: {} columns, about {} characters wide; wrapping would break its columns"
 SCROLLING_ALLOWED: dict[str, dict[str, str]] = {
-    "00_getting_started": {'lesson = setup("00_getting_started", qui': TOO_LONG},
-    "03_transfer_overhead": {"-" * 40: PROFILER_TABLE.format(7, 170),
-                             "f\"Resident data: {resident_epoch['collat": TOO_LONG},
-    "06_mixed_precision": {'"input_images_per_s": input_images_per_s': TOO_LONG,
-                           'print(f"{name}: test accuracy {accuracy[': TOO_LONG},
+    "03_transfer_overhead": {"-" * 40: PROFILER_TABLE.format(7, 170)},
     "09_profiler_and_memory": {"------------------------------  --------": PROFILER_TABLE.format(9, 160)},
     "10_diagnose_your_training": {"+ (f\"{first['lever']} ({first['step_spee": TOO_LONG},
 }
