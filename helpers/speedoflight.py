@@ -404,13 +404,22 @@ def ddp_mfu(run: dict, ceilings: dict) -> dict | None:
     return mfu(per_device, ceilings["device"], dtype, ceilings=ceilings)
 
 
+def _relabelled(work, old: str, new: str):
+    """``work``'s counts with the operators of dtype ``old`` marked as ``new`` (same sizes, another peak)."""
+    found = work.state_dict() if hasattr(work, "state_dict") else dict(work)
+    found["rows"] = [{**r, "dtype": new if r["dtype"] == old else r["dtype"]} for r in found["rows"]]
+    return found
+
+
 def predicted_training(make_model, batch, *, images: int, epochs: int = 1, amp: bool = False, gpus=None,
                        input_items_per_s: float | None = None, op_s: float | None = None, **count_kw) -> dict:
     """Predicted time of ``epochs`` epochs of ``images`` items, in steps like one on ``batch``, on one of each
     datasheet GPU (notebook 05): ``{gpu: {"epoch_s", "total_s", "step_s", "bound", "dtype", "label"}}``.
 
     ``amp=True`` counts the step in the dtype autocast picks on that GPU (``helpers.training.resolve_amp``): bf16
-    where the datasheet has a bf16 peak, else fp16. ``input_items_per_s``: the input pipeline's rate as measured
+    where the datasheet has a bf16 peak, else fp16. An fp16 step is the bf16 count with its dtype renamed: both are
+    2-byte types that autocast applies to the same operators, and a CPU without fp16 arithmetic would take many
+    times longer to run the step in fp16 than to count it in bf16. ``input_items_per_s``: the input pipeline's rate as measured
     here; an epoch takes at least ``images / input_items_per_s`` and ``bound`` says ``"input"`` when that binds.
     """
     from .stepwork import count_step
@@ -419,8 +428,10 @@ def predicted_training(make_model, batch, *, images: int, epochs: int = 1, amp: 
     steps = -(-images // int(batch[-1].shape[0]))
     for gpu in gpus:
         dtype = ("bfloat16" if "bfloat16" in sheet[gpu]["flops_per_s"] else "float16") if amp else None
-        if dtype not in works:
-            works[dtype] = count_step(make_model(), batch, "cpu", amp=dtype or False, **count_kw)
+        for need in (["bfloat16"] if dtype == "float16" else []) + [dtype]:
+            if need not in works:  # fp16: the bf16 count, relabelled (see the docstring)
+                works[need] = _relabelled(works["bfloat16"], "bfloat16", "float16") if need == "float16" else \
+                    count_step(make_model(), batch, "cpu", amp=need or False, **count_kw)
         p = predict_gpus(works[dtype], (gpu,), op_s=op_s)[gpu]
         if "skipped" in p:
             found[gpu] = p

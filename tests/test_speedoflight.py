@@ -219,3 +219,25 @@ def test_measured_over_predicted_pairs_what_both_hold():
     predicted = {"conv": {"8": 1.0, "64": 0.0}, "lstm": 1.5, "copy": 2.0}
     assert speedoflight.measured_over_predicted(measured, predicted) == {"conv": {"8": 2.0}, "lstm": 2.0}
     assert speedoflight.measured_over_predicted({"a": {"b": 1.0}}, {"a": {"c": 1.0}}) == {}
+
+
+def test_fp16_is_predicted_from_the_bf16_count_relabelled(monkeypatch):
+    """A T4 runs autocast in fp16 (no bf16 peak in its datasheet): the step is counted once, in bf16, and its
+    bf16 operators are predicted at the T4's fp16 peak; nothing is counted in fp16 on the CPU."""
+    from helpers import stepwork
+
+    counted = []
+
+    def fake_count(model, batch, device, amp=False, **kw):
+        counted.append(amp)
+        return synthetic_work(input_bytes=0) | {"rows": [dict(r, dtype="bfloat16" if amp else "float32")
+                                                         for r in synthetic_work()["rows"]]}
+
+    monkeypatch.setattr(stepwork, "count_step", fake_count)
+    batch = (torch.zeros(4, 3), torch.zeros(4, dtype=torch.long))
+    found = speedoflight.predicted_training(lambda: None, batch, images=8, amp=True, gpus=("T4", "A100 80GB SXM"),
+                                            op_s=1e-9)
+    assert counted == ["bfloat16"], counted
+    assert found["T4"]["dtype"] == "float16" and found["A100 80GB SXM"]["dtype"] == "bfloat16"
+    t4_fp16 = datasheet()["T4"]["flops_per_s"]["float16"]["value"]
+    assert found["T4"]["step_s"] >= 2e9 / t4_fp16 and found["T4"]["epoch_s"] == pytest.approx(2 * found["T4"]["step_s"])

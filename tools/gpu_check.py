@@ -12,7 +12,8 @@ package index, and is lent for minutes. This script
 3. installs the notebook tools this Python lacks (papermill, nbclient, ipykernel, ...) from a local wheelhouse
    (`make wheelhouse`) with `pip --no-index` into OUT/site, a scratch folder put first on PYTHONPATH — never
    into the node's Python;
-4. extracts a CIFAR-10 tarball into OUT (or uses a folder); without one, the CIFAR lessons are skipped;
+4. extracts a CIFAR-10 tarball into OUT (or uses a folder); without one, the CIFAR lessons are skipped; measures
+   the node's ceilings once (peak FLOP/s, bandwidth, cost per operator: helpers.speedoflight) for every notebook;
 5. runs every notebook (tools/run_course.py, --keep-going) under one deadline: --budget-min covers everything
    from this script's start — pre-flight, install, extraction, notebooks, benchmarks, packing — and the run ends
    by DEADLINE_GRACE_S after it at the latest; each notebook is stopped at its own limit;
@@ -43,7 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK_TOOLS = ("papermill", "nbclient", "nbformat", "ipykernel", "jupyter_client")
 CIFAR_NOTEBOOKS = "04,05,06,07"
 DEADLINE_GRACE_S = 45      # the run ends by --budget-min plus at most this (a notebook stopped at the deadline)
-BENCH_RESERVE_S = 30       # of the budget, kept for the benchmarks (~13 s on a 2-core CPU, a few s on a GPU)
+BENCH_RESERVE_S = 45       # of the budget, kept for the benchmarks (~25 s on a 2-core CPU, less on a GPU node)
 PACK_RESERVE_S = 10        # of the budget, kept for the report and the archive
 ARCHIVE_LIMIT_MB = 16
 
@@ -167,6 +168,7 @@ def main(argv=None) -> int:
     if pre["no_compile"]:
         env["COURSE_NO_COMPILE"] = "1"
     tree = cifar10_tree(args.cifar10, out / "cifar10")
+    measure_ceilings(env, device)
     notebook_budget = 60 * args.budget_min - (time.time() - t0) - PACK_RESERVE_S - (
         0 if args.no_bench else BENCH_RESERVE_S)
     run = [sys.executable, str(ROOT / "tools" / "run_course.py"), "--device", device, "--out", str(out),
@@ -188,6 +190,31 @@ def main(argv=None) -> int:
         f"copy this one file off the node: {archive} ({archive.stat().st_size / 2**20:.1f} MB). Promote the "
         f"results with tools/promote_reference.py {out / 'results'}")
     return code
+
+
+CEILINGS = """
+import torch
+from helpers.speedoflight import measured_ceilings
+for device, threads in (({device!r}, None), ("cpu", None), ("cpu", 1)):
+    torch.set_num_threads(threads or torch.get_num_threads())
+    c = measured_ceilings(device)
+    print(f"{{device}}, {{torch.get_num_threads()}} thread(s): " + ", ".join(
+        f"{{k}} {{v / 1e9:.0f}} GFLOP/s" for k, v in c["flops_per_s"].items())
+        + f", {{c['bytes_per_s'] / 1e9:.0f}} GB/s, {{c['op_s'] * 1e6:.1f}} us per operator")
+"""
+
+
+def measure_ceilings(env: dict, device: str) -> None:
+    """Measure this node's ceilings once, before the notebooks, into the run's cache (XDG_CACHE_HOME under OUT):
+    the device's, and the CPU's with all threads and with one (lessons 01-10 read them for MFU and predictions;
+    measured inside a notebook they would eat its budget). Counted in the budget; a failure is reported, not fatal."""
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, "-c", CEILINGS.format(device=device)], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    for line in (proc.stdout + proc.stderr).strip().splitlines()[-4:]:
+        say(f"ceilings: {line}")
+    say(f"ceilings measured in {time.time() - t0:.0f} s" if proc.returncode == 0 else
+        "ceilings: not measured (the notebooks will measure them themselves)")
 
 
 def run_benchmarks(out: Path, env: dict, deadline: float) -> int:
