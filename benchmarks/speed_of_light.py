@@ -7,7 +7,8 @@ convolution 2·(C_in/groups)·k_h·k_w·C_out per output position, a linear laye
 helpers.stepwork.rnn_flops over the packed positions — times three for a training step (forward, the gradient
 of the input, the gradient of the weights), less the input gradient of the first layer (its input needs none;
 for an LSTM only the input projection's share, I / (I + H): the recurrence still needs the gradient of h).
-Sizes: the CPU sizes of notebooks 01, 05 and 08. Prints one table; --json writes it too.
+Sizes: the CPU sizes of notebooks 01, 05 and 08. Runs on the GPU when there is one (CUDA; `--device cpu` to
+choose), so a GPU node checks the model against its own measured ceilings too. Prints one table; --json adds it.
 """
 import json
 import sys
@@ -68,9 +69,11 @@ def main(argv) -> int:
                 "ConvBlockNet, batch 128 (05, 08)": analytic_training_flops(ConvBlockNet(), conv_batch[:1]),
                 "CompactNet, batch 128 (05, 08)": analytic_training_flops(CompactNet(), conv_batch[:1]),
                 "matmul 2048 (08)": 2 * 2048**3, "elementwise add 2^25 (08)": 0}
-    ceilings = measured_ceilings("cpu")
-    rows = check_predictions(cases, "cpu", ceilings=ceilings, min_run_time=1.0)
-    print(f"machine: {describe()['cpu']}, torch {torch.__version__}, {torch.get_num_threads()} threads; ceilings "
+    device = argv[argv.index("--device") + 1] if "--device" in argv else "cuda" if torch.cuda.is_available() else "cpu"
+    ceilings = measured_ceilings(device)
+    rows = check_predictions(cases, device, ceilings=ceilings, min_run_time=1.0)
+    where = describe()["gpus"][0]["name"] if device.startswith("cuda") else describe()["cpu"]
+    print(f"device: {device} ({where}), torch {torch.__version__}, {torch.get_num_threads()} threads; ceilings "
           f"{ceilings['flops_per_s']['float32'] / 1e9:.0f} GFLOP/s fp32, {ceilings['bytes_per_s'] / 1e9:.1f} GB/s, "
           f"{ceilings['op_s'] * 1e6:.2f} us per operator (measured {ceilings['measured_at']}, load "
           f"{ceilings['load_average']})")
