@@ -319,21 +319,21 @@ def _report(args, me: Rank, model, history, train_images: int, source: str, lr: 
               "images_per_s": [train_images / e["seconds"] for e in history.epochs],
               "test_accuracy": accuracy, "test_accuracy_no_tta": plain, "history": history.state_dict(),
               "args": vars(args),
-              "autocast": str(resolve_amp(args.amp, me.device)), **_model_flops(history, train_images), **speeds}
+              "autocast": str(resolve_amp(args.amp, me.device)), **_model_flops(history, me.world), **speeds}
     if args.out:
         atomic_write_text(Path(args.out), json.dumps(record, indent=1) + "\n")
     if args.params_out:
         torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, args.params_out)
 
 
-def _model_flops(history, train_images: int) -> dict:
-    """The model FLOPs fit counted per image, and the FLOP/s of the fastest epoch, all ranks together (the MFU
-    against a peak is ``helpers.speedoflight.ddp_mfu``: the notebook knows the device's measured peak)."""
-    per_item = history.final.get("flops_per_item")
-    if not per_item:
+def _model_flops(history, world: int) -> dict:
+    """The model FLOPs fit counted per image, and the FLOP/s of the fastest epoch, all ranks together (fit's rate
+    counts the images this rank saw, so an epoch cut short by a time limit counts right; the MFU against a peak is
+    ``helpers.speedoflight.ddp_mfu``: the notebook knows the device's measured peak)."""
+    rates = [e["flops_per_s"] for e in history.epochs if e.get("flops_per_s")]
+    if not rates:
         return {}
-    best = min(e["seconds"] for e in history.epochs)
-    return {"flops_per_item": per_item, "flops_per_s": per_item * train_images / best}
+    return {"flops_per_item": history.final["flops_per_item"], "flops_per_s": max(rates) * world}
 
 
 def setup(args, me: Rank) -> SimpleNamespace:

@@ -181,6 +181,10 @@ def test_budget_run_end_to_end(tmp_path):
     assert rec["train_wall_s"] <= 6 * 1.03 + 1, "training (validation included) ends at its 6-s budget"
     assert rec["validation_s"] > 0, "the plan timed a validation pass"
     assert rec["input_images_per_s"] > 0 and rec["model_images_per_s"] > 0 and "input_bound" in rec
+    epochs, done = rec["history"]["epochs"], [0] + [e["iteration"] for e in rec["history"]["epochs"]]
+    rates = [50 * (done[k + 1] - done[k]) / e["seconds"] for k, e in enumerate(epochs)]  # images actually seen
+    assert rec["flops_per_s"] / rec["flops_per_item"] == pytest.approx(max(rates), rel=0.01), \
+        "model FLOP/s from the images each epoch saw (a time-limited last epoch saw fewer than train_images)"
 
 
 def test_compact_recipe_runs_end_to_end_with_test_time_flips(tmp_path):
