@@ -384,3 +384,43 @@ def step_cost(cfg: GPTConfig, batch_size: int, device="cpu", *, accumulate: int 
                                            if torch.device(device).type == "cuda" else 0.0)
     return {"ms": seconds * 1e3, "tokens_per_s": batch_size * cfg.seq_len / seconds, "peak_mb": peak,
             "held_mb": tensor_mb(model, opt), "batch": batch_size, "accumulate": accumulate}
+
+
+def memory_snapshot(cfg: GPTConfig, batch_size: int, device, path, *, steps: int = 3) -> dict:
+    """Record CUDA's allocator history over ``steps`` AdamW steps of a fresh ``GPT(cfg)`` and save the snapshot
+    (``torch.cuda.memory._dump_snapshot``, a pickle that https://pytorch.org/memory_viz opens) to ``path``; returns
+    the snapshot's data (notebook 11). CUDA only."""
+    import pickle
+
+    model = GPT(cfg).to(device).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x = torch.randint(0, cfg.vocab, (batch_size, cfg.seq_len), device=device)
+    torch.cuda.memory._record_memory_history(max_entries=200_000)
+    try:
+        for _ in range(steps):
+            lm_loss(model(x), torch.roll(x, -1, 1)).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize(device)
+        torch.cuda.memory._dump_snapshot(str(path))
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    with open(path, "rb") as fh:
+        return pickle.load(fh)  # the file this function has just written
+
+
+def snapshot_timeline(snapshot: dict) -> tuple[list, list]:
+    """Live MB after each allocator event of a CUDA memory snapshot (``memory_snapshot``): the allocation timeline
+    that PyTorch's memory viewer draws, from the snapshot's ``device_traces`` (notebook 11)."""
+    live, xs, ys = 0, [], []
+    for trace in snapshot.get("device_traces", []):
+        for i, event in enumerate(trace):
+            if event["action"] == "alloc":
+                live += event["size"]
+            elif event["action"] == "free_completed":
+                live -= event["size"]
+            else:
+                continue
+            xs.append(i)
+            ys.append(live / 2**20)
+    return xs, ys
