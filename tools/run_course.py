@@ -40,7 +40,7 @@ from helpers.results import atomic_write_text, write_report
 # Weights of the time left after the floors (the part a notebook spends on its scalable work): the CIFAR lessons
 # train, 05 trains two recipes (the rehearsal of 2026-12-05 left them 3 s each at 0.27). Renormalised over the
 # notebooks that run.
-BUDGET_SHARE = {"00": 0.02, "01": 0.06, "02": 0.06, "03": 0.04, "04": 0.06, "05": 0.30, "06": 0.09, "07": 0.11,
+BUDGET_SHARE = {"00": 0.02, "01": 0.06, "02": 0.06, "03": 0.04, "04": 0.06, "05": 0.32, "06": 0.08, "07": 0.10,
                 "08": 0.07, "09": 0.07, "10": 0.05, "11": 0.07}
 DEFAULT_FLOOR_S = 30.0   # a notebook with no measured floor
 LIMIT_FACTOR, LIMIT_GRACE_S = 1.3, 30.0  # a notebook is stopped past 1.3 x its budget_s + 30 s
