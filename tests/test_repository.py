@@ -54,43 +54,6 @@ def test_site_extra_stays_out_of_make_run():
     assert re.search(r"^run: venv$", make, re.M) and re.search(r"^test: site-venv$", make, re.M)
 
 
-def test_course_map_and_instructor_kit_are_generated_from_the_measured_times(tmp_path):
-    tool = [sys.executable, str(ROOT / "tools" / "course_times.py")]
-    done = subprocess.run(tool + ["--check"], capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout
-    data = json.loads((ROOT / "data" / "course_times.json").read_text())
-    row = next(l for l in (ROOT / "README.md").read_text().splitlines() if "[`00_getting_started.ipynb`]" in l)
-    assert f"{data['lessons']['00_getting_started']['cpu']['full_s']:.0f} s" in row
-
-
-def test_course_times_check_catches_a_hand_edit(tmp_path, monkeypatch):
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        import course_times
-    finally:
-        sys.path.remove(str(ROOT / "tools"))
-    readme = tmp_path / "README.md"
-    readme.write_text((ROOT / "README.md").read_text().replace(" s (", " s  (", 1))  # a hand edit in the table
-    monkeypatch.setattr(course_times, "README", readme)
-    monkeypatch.setattr(course_times, "INSTRUCTORS", ROOT / "docs" / "instructors.md")
-    assert course_times.main(["--check"]) == 1
-
-
-def test_recording_a_gpu_run_fills_the_gpu_column(tmp_path):
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        import course_times
-    finally:
-        sys.path.remove(str(ROOT / "tools"))
-    data = json.loads((ROOT / "data" / "course_times.json").read_text())
-    run = tmp_path / "times.json"
-    run.write_text(json.dumps({"machine": "1x NVIDIA H200", "gpu": True, "quick": False, "date": "2026-12-03",
-                               "notebooks": {"02_cpu_vs_gpu_timing": 12.3}}))
-    data = course_times.record(run, data)
-    assert data["lessons"]["02_cpu_vs_gpu_timing"]["gpu_times"] == {"full_s": 12.3, "full_on": "1x NVIDIA H200, 2026-12"}
-    assert "| 12 s |" in course_times.course_map(data)
-
-
 def test_readme_has_the_two_commands_and_every_notebook():
     readme = (ROOT / "README.md").read_text()
     assert "make run" in readme and "make test" in readme
