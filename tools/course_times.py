@@ -221,7 +221,9 @@ def record(run_file: Path, data: dict, notebooks: Path | None = None) -> list[st
             said.append(f"{stem}: not in data/course_times.json (add its question and where it is meaningful)")
             continue
         ran = Path(run_file).parent / "notebooks" / f"{stem}.ipynb"
-        ran = ran if ran.exists() else Path(notebooks or NOTEBOOKS) / f"{stem}.ipynb"
+        if not ran.exists():  # the executed copy is what ran; without it, today's notebook is the best guess
+            ran = Path(notebooks or NOTEBOOKS) / f"{stem}.ipynb"
+            said.append(f"{stem}: no executed copy beside {Path(run_file).name}; hashed {ran.name} as it is now")
         entry = {"mode": "quick" if run["quick"] else "full", "kind": "gpu" if run["gpu"] else "cpu",
                  "seconds": round(seconds, 1), "machine": run["machine"], "date": run["date"],
                  "notebook_sha256": notebook_hash(ran)}
@@ -282,10 +284,10 @@ def main(argv=None) -> int:
 
 def check(data: dict, hashes: dict, wanted: dict, strict: bool) -> int:
     stale = stale_report(data, hashes)
-    total = sum(len(lesson.get("times", [])) for lesson in data["lessons"].values())
-    print(f"course times: {total - len(stale)} of {total} recorded times measured today's notebooks" if not stale else
-          f"course times: {len(stale)} line(s) to look at ({total} recorded times); the map and agendas show these "
-          f"as \"{STALE}\":\n  " + "\n  ".join(stale))
+    times = [(t, hashes.get(s)) for s, lesson in data["lessons"].items() for t in lesson.get("times", [])]
+    old = sum(not is_current(t, h) for t, h in times)
+    print(f"course times: {old} of {len(times)} recorded times measured an earlier version of their notebook (the "
+          f"map and agendas say \"{STALE}\")" + "".join(f"\n  {line}" for line in stale))
     drift = [p.name for p, text in wanted.items() if not p.exists() or p.read_text(encoding="utf-8") != text]
     if drift:
         print(f"out of date: {', '.join(drift)}: run `python tools/course_times.py --write`")
