@@ -539,6 +539,18 @@ def _end_epoch(loop: _Loop, meter: EpochMeter) -> None:
         save_checkpoint(loop.checkpoint, loop.snapshot(meter.epoch + 1, 0, _rng_state(), EpochMeter(0, 0).totals))
 
 
+def _open_checkpoint(loop: _Loop, checkpoint, resume: bool, save_checkpoints: bool) -> tuple:
+    """Where ``fit`` starts: ``(epoch, batch in it, the epoch's totals, RNG states)`` from ``checkpoint`` when
+    resuming, else the beginning (with a warning when an existing checkpoint will be overwritten)."""
+    if checkpoint is not None and Path(checkpoint).exists():
+        if resume:
+            return loop.restore(Path(checkpoint))
+        if save_checkpoints:
+            warnings.warn(f"{checkpoint} exists and will be overwritten (pass resume=True to continue from it)",
+                          stacklevel=3)
+    return 0, 0, None, None
+
+
 def fit(model: nn.Module, train_loader, *, epochs: int, optimizer: torch.optim.Optimizer, device="auto",
         loss_fn: Callable | None = None, val_loader=None, val_every: int | None = None, scheduler=None,
         scheduler_step: str = "epoch", amp=False, grad_clip: float | None = None, host_inputs=(),
@@ -569,13 +581,7 @@ def fit(model: nn.Module, train_loader, *, epochs: int, optimizer: torch.optim.O
                  scheduler_step, grad_clip, tuple(host_inputs), val_loader, val_every,
                  Path(checkpoint) if checkpoint is not None and save_checkpoints else None, checkpoint_every, extra,
                  callback, count_flops=count_flops)
-    start, skip, totals, resume_rng = 0, 0, None, None
-    if checkpoint is not None and Path(checkpoint).exists():
-        if resume:
-            start, skip, totals, resume_rng = loop.restore(Path(checkpoint))
-        elif save_checkpoints:
-            warnings.warn(f"{checkpoint} exists and will be overwritten (pass resume=True to continue from it)",
-                          stacklevel=2)
+    start, skip, totals, resume_rng = _open_checkpoint(loop, checkpoint, resume, save_checkpoints)
     per_epoch = len(train_loader)
     loop.bar = tqdm(total=epochs * per_epoch, initial=start * per_epoch + skip, desc="training", unit="it") \
         if progress else None
