@@ -24,6 +24,7 @@ Counting costs time (a Python call per operator): count once per run, outside an
 from __future__ import annotations
 
 import copy
+import inspect
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
@@ -237,8 +238,10 @@ def _rebuilt_optimizer(optimizer, params):
     if optimizer is None:
         return torch.optim.SGD(params, lr=0.01)
     if isinstance(optimizer, torch.optim.Optimizer):
-        # the constructor's own settings only: a scheduler adds keys of its own (initial_lr, max_lr, ...)
-        settings = {k: v for k, v in optimizer.param_groups[0].items() if k in optimizer.defaults}
+        # the constructor's own settings only: a scheduler adds keys of its own (initial_lr, max_lr, ...), and
+        # AdamW's defaults hold decoupled_weight_decay, which its constructor does not take
+        accepted = inspect.signature(type(optimizer)).parameters
+        settings = {k: v for k, v in optimizer.param_groups[0].items() if k in optimizer.defaults and k in accepted}
         return type(optimizer)(params, **settings)
     return optimizer(params)  # a class or a factory
 

@@ -176,3 +176,13 @@ def test_count_step_leaves_the_model_untrained_and_returns_plain_data():
     assert data["items"] == 8 and data["h2d_bytes"] == 0 and data["input_bytes"] == 8 * 4 * 4 + 8 * 8
     assert data["ops"] > data["kernels"] > 0 and data["bytes"] > 0
     assert stepwork.StepWork(**data) == work
+
+
+@pytest.mark.parametrize("make", [lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.1),
+                                  lambda p: torch.optim.Adam(p, lr=1e-3, foreach=False)])
+def test_count_step_rebuilds_the_optimizer_from_its_own_settings(make):
+    """AdamW's defaults hold a key its constructor refuses (decoupled_weight_decay): the copy takes only what the
+    constructor accepts, so the step is counted (2·4·2 forward + weight gradient, no input gradient)."""
+    model = nn.Linear(4, 2)
+    work = count_step(model, (torch.randn(3, 4), torch.tensor([0, 1, 0])), optimizer=make(model.parameters()))
+    assert work.flops == 2 * (2 * 3 * 4 * 2)
