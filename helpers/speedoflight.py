@@ -11,6 +11,7 @@ predicted GPU numbers of notebooks 01-06 are built with it).
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -156,6 +157,17 @@ def datasheet_path() -> Path:
     return project_root() / "data" / "gpu_datasheet.json"
 
 
+@functools.lru_cache(maxsize=4)
+def _datasheet_file(path: str) -> dict:
+    """The parsed datasheet file, read once per process (every prediction consults it; nothing may modify it)."""
+    return json.loads(Path(path).read_text())
+
+
+def _host_op_s(op_s: float | None) -> float:
+    """The host's cost per operator for a prediction: ``op_s``, or this machine's CPU's measured one."""
+    return measured_ceilings("cpu")["op_s"] if op_s is None else op_s
+
+
 def datasheet(path: str | Path | None = None) -> dict:
     """The GPU datasheet: ``{gpu name: entry}``; each entry's numbers carry their source (notebook 08).
 
@@ -163,8 +175,7 @@ def datasheet(path: str | Path | None = None) -> dict:
     as separate rows), ``bytes_per_s`` and ``host_link`` (each ``{"value", "source", "quote", ...}``) and
     ``sources`` (``{id: {"title", "url"}}``). A number not found in a source is left out, with a note.
     """
-    data = json.loads(Path(path or datasheet_path()).read_text())
-    return data["gpus"]
+    return _datasheet_file(str(path or datasheet_path()))["gpus"]
 
 
 def launch_cost(path: str | Path | None = None) -> dict:
@@ -172,7 +183,7 @@ def launch_cost(path: str | Path | None = None) -> dict:
 
     The lower end of the range its source quotes, so a launch-bound prediction is a lower bound (notebook 08).
     """
-    data = json.loads(Path(path or datasheet_path()).read_text())
+    data = _datasheet_file(str(path or datasheet_path()))
     row = dict(data["launch_s"])
     return {**row, "url": data["sources"][row["source"]]["url"]}
 
@@ -283,7 +294,7 @@ def predict_gpus(work, gpus=None, *, op_s: float | None = None, copy_batch: bool
     sheet, work, gpus = datasheet(), dict(work.state_dict() if hasattr(work, "state_dict") else work), gpus_here(gpus)
     # counted on a CPU, the step copied nothing: a GPU run copies the batch (unless it is resident: copy_batch False)
     work["h2d_bytes"] = max(work.get("h2d_bytes", 0), work.get("input_bytes", 0)) if copy_batch else 0
-    op_s = measured_ceilings("cpu")["op_s"] if op_s is None else op_s
+    op_s = _host_op_s(op_s)
     found, dtype = {}, main_dtype(work)
     for name in gpus:
         try:
@@ -341,7 +352,7 @@ def predicted_sweep(points: dict, gpus=None, *, op_s: float | None = None, **cou
     """
     from .stepwork import count_step
 
-    op_s = measured_ceilings("cpu")["op_s"] if op_s is None else op_s
+    op_s = _host_op_s(op_s)
     found = {"items_per_s": {}, "step_s": {}, "bound": {}, "skipped": {}, "work": {}, "label": PREDICTED}
     for x, (model, batch) in points.items():
         work = count_step(model, batch, "cpu", **count_kw)
@@ -361,7 +372,7 @@ def predicted_matmul(sizes, dtype: str = "float32", gpus=None, *, op_s: float | 
     of ``2n³`` FLOPs reading two and writing one ``n×n`` matrix, timed back to back as notebook 02 times it (the
     host issues the next call while the device works). ``{gpu: {n: GFLOP/s}}``; a GPU without a peak for ``dtype``
     is left out (notebook 02)."""
-    op_s = measured_ceilings("cpu")["op_s"] if op_s is None else op_s
+    op_s = _host_op_s(op_s)
     itemsize = torch.empty(0, dtype=getattr(torch, "float32" if dtype == "tf32" else dtype)).element_size()
     found = {}
     for n in sizes:
@@ -381,10 +392,10 @@ def predicted_copy(sizes, gpus=None, *, op_s: float | None = None) -> dict:
     PCIe link of known width is left out (notebook 03)."""
     from .transfer import pcie_theoretical
 
-    op_s = measured_ceilings("cpu")["op_s"] if op_s is None else op_s
-    fixed, found = op_s + launch_cost()["value"], {}
+    op_s = _host_op_s(op_s)
+    fixed, found, sheet = op_s + launch_cost()["value"], {}, datasheet()
     for gpu in gpus_here(gpus):
-        link = datasheet()[gpu].get("host_link", {})
+        link = sheet[gpu].get("host_link", {})
         if link.get("kind") != "PCIe" or not (link.get("generation") and link.get("lanes")):
             continue
         rate = pcie_theoretical(link["generation"], link["lanes"])["gbps"] * 1e9
