@@ -68,6 +68,8 @@ BOTTLENECK_LESSON = {"input": "04", "transfer": "03", "overhead": "08", "compute
 INPUT_SHARE = INPUT_BOUND_SHARE  # the real step spends this share or more outside the model: input-bound (09)
 OVERHEAD_GAIN = 4 / 3   # twice the batch gives this many times the items/s or more: a fixed cost is half the step
 FLOOR_EXPLAINS = 0.5    # the largest floor explains this share of the model's step: it names the verdict
+FLOOR_FAR = 0.1         # every floor below this share: the step is fixed costs the count does not see (overhead)
+NOISY = 0.25            # steps varying more than this (± share): the report says the machine was busy
 WORTH = 1.05            # a lever is recommended when the lower end of its interval is above this
 MIN_PAIRS, MAX_PAIRS = 5, 15  # paired rounds per comparison: fewer than MIN_PAIRS is "not measured (budget)"
 BUDGET = "not measured (budget)"
@@ -110,8 +112,12 @@ class Diagnosis:
 
 def _measurements(d: Diagnosis) -> list:
     o, f, t = d.overlap, d.floors, d.levers.get("threads")
-    lines = [f"Other programs held the cores: the measurements below ran with {t['threads']} torch thread(s), as "
-             "recommended." for _ in [0] if t and t["step_low"] > WORTH]
+    lines = [f"With {t['threads']} torch thread(s) the step ran {t['speedup']:.2f}× as fast in the median "
+             f"({t['low']:.2f}–{t['high']:.2f}), so the measurements below used {t['threads']}."
+             for _ in [0] if _clearly_faster(t)]
+    busy = max(d.noise.get("real step", 0), d.noise.get("model alone", 0))
+    lines += [f"The machine was busy: steps varied up to ±{busy:.0%}, so the intervals are wide; measure again when "
+              "it is quieter." for _ in [0] if busy > NOISY]
     lines += [f"Device `{d.device}`, batch {d.batch_size}. Items/s: real step {d.real_items_per_s:,.0f}, model "
              f"alone {d.model_items_per_s:,.0f}, input alone {d.input_items_per_s:,.0f}; steps varied "
              f"±{100 * d.noise.get('real step', 0):.0f} % (real) and ±{100 * d.noise.get('model alone', 0):.0f} % "
@@ -172,6 +178,20 @@ def _check_batch(batch) -> None:
     if not isinstance(batch, (tuple, list)) or len(batch) < 2 or not isinstance(batch[-1], torch.Tensor):
         raise ValueError(f"each batch must be (*inputs, target) with a tensor target, as fit() takes; this loader "
                          f"yields a {type(batch).__name__}: wrap it (e.g. a generator yielding (x, y)) first")
+
+
+def _first_batches(loader, most: int = 16, mb: float = 256) -> list:
+    """The loader's first batches (``most`` at most, ``mb`` MB together at most; one at least), checked."""
+    found, size = [], 0
+    for batch in loader:
+        _check_batch(batch)
+        found.append(batch)
+        size += sum(x.nbytes for x in batch if isinstance(x, torch.Tensor)) / 2**20
+        if len(found) >= most or size >= mb:
+            break
+    if not found:
+        raise ValueError("the loader yielded no batch")
+    return found
 
 
 def _step(model, optimizer, batch, device, loss_fn, host_inputs) -> None:
@@ -262,36 +282,44 @@ def noise(rates: list) -> float:
 
 
 class _Bench:
-    """The shared context of one diagnosis: the work copies, the fixed batch, the device, the time left."""
+    """The shared context of one diagnosis: the work copies, the loader's first batches (on the device for the
+    model alone, which steps through them in turn, so a loader whose batches differ, e.g. in sequence length, is
+    timed on a mix), the device, the time left."""
 
-    def __init__(self, model, optimizer, loader, batch, device, loss_fn, host_inputs, deadline, chunk_s):
-        self.model, self.optimizer, self.loader, self.host_batch, self.device = model, optimizer, loader, batch, device
-        inputs, target = split_batch(batch, device, host_inputs)
-        self.batch = [*inputs, target]  # the model alone: on the device once, no copy per step
+    def __init__(self, model, optimizer, loader, batches, device, loss_fn, host_inputs, deadline, chunk_s):
+        self.model, self.optimizer, self.loader, self.device = model, optimizer, loader, device
+        self.host_batch = batches[0]
+        self.batches = [[*ins, t] for ins, t in (split_batch(x, device, host_inputs) for x in batches)]
+        self.batch = self.batches[0]
         self.loss_fn, self.host_inputs, self.deadline, self.chunk_s = loss_fn, host_inputs, deadline, chunk_s
         self.rates: dict = {}  # real / model / input items/s, set by _core
 
     def left(self) -> float:
         return self.deadline - time.perf_counter()
 
-    def model_side(self, batch=None, amp=None, channels_last=False, compiled=False) -> _Side:
-        """The model alone on a fixed batch already on the device, on a fresh copy of model and optimizer."""
+    def model_side(self, batches=None, amp=None, channels_last=False, compiled=False) -> _Side:
+        """The model alone on batches already on the device, in turn, on a fresh copy of model and optimizer."""
         model, opt = copy.deepcopy((self.model, self.optimizer))
-        *inputs, target = self.batch if batch is None else batch
+        batches = self.batches if batches is None else batches
         if channels_last:
             model = model.to(memory_format=torch.channels_last)
-            inputs = [x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x for x in inputs]
+            batches = [[x.contiguous(memory_format=torch.channels_last) if isinstance(x, torch.Tensor) and x.dim() == 4
+                        else x for x in batch] for batch in batches]
         model = torch.compile(model) if compiled else model
         dtype = resolve_amp(amp, self.device) if amp else None
         scaler = make_scaler(self.device, dtype)
+        turn = iter(())
 
         def run(n):
-            t0 = time.perf_counter()
+            nonlocal turn
+            t0, items = time.perf_counter(), 0
             for _ in range(n):
+                *inputs, target = next(turn, None) or next(turn := iter(batches))
                 optimizer_step(model, opt, inputs, target, loss_fn=self.loss_fn, scaler=scaler, device=self.device,
                                dtype=dtype)
+                items += int(target.shape[0])
             synchronize(self.device)
-            return time.perf_counter() - t0, n * int(target.shape[0])
+            return time.perf_counter() - t0, items
         return _Side(run)
 
     def real_side(self, loader=None, threads: int | None = None) -> _Side:
@@ -387,8 +415,8 @@ def _core(b: _Bench, budget_s: float, first_s: float) -> tuple[dict, dict, dict,
     phase_ms = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
     del model, opt, batches
     sides = [_prepare(s, b.chunk_s) for s in (b.real_side(), b.model_side(), b.input_side(_like(b.loader)))]
-    rounds = min(MAX_PAIRS, max(MIN_PAIRS, int(0.3 * budget_s / sum(s.cost for s in sides))))
-    real, alone, inp = _interleave(sides, rounds, time.perf_counter() + 0.3 * budget_s)
+    rounds = min(9, max(MIN_PAIRS, int(0.2 * budget_s / sum(s.cost for s in sides))))
+    real, alone, inp = _interleave(sides, rounds, time.perf_counter() + 0.2 * budget_s)
     rates = {"real": statistics.median(real), "model": statistics.median(alone), "input": statistics.median(inp)}
     spread = {"real step": noise(real), "model alone": noise(alone), "input alone": noise(inp)}
     per_batch = {k: 1e3 * _items(b.batch) / rates[v] for k, v in (("input_ms", "input"), ("model_ms", "model"),
@@ -446,7 +474,9 @@ def classify(rates: dict, phase_ms: dict, floors: dict | None = None, batch: dic
     ``INPUT_SHARE`` or more of its time outside the model. Otherwise the floor (``_floors``: overhead, compute,
     memory) that explains the largest share of the model's step, when it explains ``FLOOR_EXPLAINS`` of it; when
     none does, overhead if twice the batch gives ``OVERHEAD_GAIN``× the items/s at the lower end of its interval
-    (``batch``: the paired batch lever), else the closest floor. Batch scaling is otherwise corroboration only.
+    (``batch``: the paired batch lever) or if every floor is under ``FLOOR_FAR`` of the step (it is made of fixed
+    costs the count does not see: work inside fused operators, Python), else the closest floor. Batch scaling is
+    otherwise corroboration only.
     """
     real, model, inp = rates["real"], rates["model"], rates["input"]
     outside = max(0.0, 1 - real / model)
@@ -470,6 +500,10 @@ def classify(rates: dict, phase_ms: dict, floors: dict | None = None, batch: dic
     if shares[top] < FLOOR_EXPLAINS and batch and batch["low"] >= OVERHEAD_GAIN:
         return "overhead", (f"{said}; no floor explains half of the model's step ({told}), and twice the batch gives "
                             f"{batch['low']:.2f}× the items/s or more: a fixed cost per step that the operator count "
+                            "does not see (work inside fused operators, Python between them)" + scaling)
+    if shares[top] < FLOOR_FAR:
+        return "overhead", (f"{said}; the model's step takes {1 / shares[top]:.0f}× its largest floor ({told}): "
+                            "neither arithmetic nor memory traffic sets its pace, but fixed costs the operator count "
                             "does not see (work inside fused operators, Python between them)" + scaling)
     closest = "explains" if shares[top] >= FLOOR_EXPLAINS else "is the closest, at"
     extra = (f"; arithmetic intensity {floors['intensity']:.1f} FLOP/byte, below the ridge point "
@@ -495,13 +529,14 @@ def _doubled(batch):
 
 
 def _lever_batch(b: _Bench, share: float, memory_limit_mb) -> dict | str:
-    bigger = _doubled(b.batch)
+    doubled = [_doubled(x) for x in b.batches]
+    bigger = max(doubled, key=lambda x: sum(t.numel() for t in x if isinstance(t, torch.Tensor)))
     work = copy.deepcopy((b.model, b.optimizer))
     why = _fits(lambda: _step(*work, bigger, b.device, b.loss_fn, b.host_inputs), b.device, memory_limit_mb)
     work = None
     if why:
         return f"batch {_items(bigger)} does not fit: {why}"
-    got = b.compare(b.model_side, lambda: b.model_side(batch=bigger), share)
+    got = b.compare(b.model_side, lambda: b.model_side(batches=doubled), share)
     return got if isinstance(got, str) else {**got, "what": f"batch {_items(bigger)} instead of {_items(b.batch)}"}
 
 
@@ -553,6 +588,12 @@ def _lever_threads(b: _Bench, share: float) -> dict | str:
     load = f"load average {os.getloadavg()[0]:.1f} on {usable_cpus()} CPUs" if hasattr(os, "getloadavg") else ""
     return got if isinstance(got, str) else {**got, "threads": have - 1,
                                               "what": f"torch.set_num_threads({have - 1}) (was {have}; {load})"}
+
+
+def _clearly_faster(threads) -> bool:
+    """Whether the rest of a diagnosis is measured with one thread fewer: faster at the 10th percentile of the
+    paired ratios, or 1.5× in the median (a busy machine's wide interval), not a coin toss."""
+    return isinstance(threads, dict) and (threads["low"] > 1 or threads["speedup"] >= 1.5)
 
 
 def _lever_workers(b: _Bench, share: float) -> dict | str:
@@ -761,9 +802,9 @@ def diagnose(model: nn.Module, loader, loss_fn=None, optimizer=None, device="aut
                          "not a one-shot iterator or generator")
     with _untouched(model, optimizer) as (work, opt):
         work.to(device).train()
-        batch = next(iter(loader))
-        _check_batch(batch)
-        b = _Bench(work, opt, loader, batch, device, loss_fn, host_inputs, t0 + budget_s,
+        batches = _first_batches(loader)
+        batch = batches[0]
+        b = _Bench(work, opt, loader, batches, device, loss_fn, host_inputs, t0 + budget_s,
                    chunk_s=min(0.3, max(0.03, budget_s / 150)))
         first = copy.deepcopy((work, opt))  # copied outside the measured step: the copy is not the step's memory
         t1 = time.perf_counter()
@@ -776,7 +817,7 @@ def diagnose(model: nn.Module, loader, loss_fn=None, optimizer=None, device="aut
                              seconds=time.perf_counter() - t0)
         names = default_levers(device) if levers is None else tuple(levers)
         threads = _lever(b, "threads", 0.1 * budget_s, memory_limit_mb) if "threads" in names else "not asked for"
-        with _threads(threads["threads"] if isinstance(threads, dict) and threads["low"] > WORTH else None):
+        with _threads(threads["threads"] if _clearly_faster(threads) else None):
             phase_ms, b.rates, spread, overlap = _core(b, budget_s, first_s)
             floors = _floors(b, b.rates)
             measured, skipped, (bottleneck, reason) = _measure_levers(
