@@ -124,7 +124,8 @@ def _measurements(d: Diagnosis) -> list:
              "(model alone).",
              f"Per batch: input alone {o['input_ms']:.1f} ms + model alone {o['model_ms']:.1f} ms = "
              f"{o['serial_ms']:.1f} ms in series; the real step takes {o['real_ms']:.1f} ms, so "
-             f"{o['hidden']:.0%} of the serial time is hidden by overlap. Phases, synchronised after each (ms): "
+             + (f"{o['hidden']:.0%} of the serial time is hidden by overlap" if o["hidden"] >= 0.005 else
+                "no time is hidden by overlap") + ". Phases, synchronised after each (ms): "
              + ", ".join(f"{k} {v:.1f}" for k, v in d.phase_ms.items())
              + f" = {o['phases_ms']:.1f} (data wait + copy: {o['input_phase_share']:.0%} of the synchronised step)."]
     if f.get("step_s"):
@@ -549,8 +550,6 @@ def _lever_amp(b: _Bench, share: float) -> dict | str:
 
 
 def _lever_channels_last(b: _Bench, share: float) -> dict | str:
-    if not any(isinstance(m, nn.Conv2d) for m in b.model.modules()):
-        return "no 2-D convolutions in this model"
     got = b.compare(b.model_side, lambda: b.model_side(channels_last=True), share)
     return got if isinstance(got, str) else {**got, "what": "channels_last memory format"}
 
@@ -597,33 +596,16 @@ def _clearly_faster(threads) -> bool:
 
 
 def _lever_workers(b: _Bench, share: float) -> dict | str:
-    from torch.utils.data import DataLoader, IterableDataset
-
     from .devices import loader_workers
 
-    loader = b.loader
-    if not isinstance(loader, DataLoader):
-        return "the loader is not a DataLoader (batches made in the training process or on the device)"
-    if isinstance(loader.dataset, IterableDataset):
-        return "an IterableDataset: its workers would each need their own share of the stream"
-    have, want = loader.num_workers, loader_workers()
-    if want <= have:
-        return f"it already uses {have} workers; this process may use {usable_cpus()} CPUs (lesson 04: cores − 1)"
-    more = _like(loader, num_workers=want, persistent_workers=True)
+    have, want = b.loader.num_workers, loader_workers()
+    more = _like(b.loader, num_workers=want, persistent_workers=True)
     got = b.compare(b.real_side, lambda: b.real_side(more), share)
     return got if isinstance(got, str) else {**got, "what": f"num_workers={want}, persistent_workers=True "
                                                               f"(was {have})"}
 
 
 def _lever_pinned(b: _Bench, share: float) -> dict | str:
-    from torch.utils.data import DataLoader
-
-    if b.device.type != "cuda":
-        return f"no host→device copy to speed up on `{b.device}`"
-    if not all(x.device.type == "cpu" for x in b.host_batch if isinstance(x, torch.Tensor)):
-        return "the loader's batches are already on the device: nothing is copied"
-    if not isinstance(b.loader, DataLoader) or b.loader.pin_memory:
-        return "the loader is not a DataLoader" if not b.loader.pin_memory else "the loader already pins memory"
     pinned = _like(b.loader, pin_memory=True)
     got = b.compare(b.real_side, lambda: b.real_side(pinned), share)
     return got if isinstance(got, str) else {**got, "what": "pin_memory=True with non_blocking copies"}
@@ -660,11 +642,7 @@ def _decoder(dataset):
 
 
 def _lever_decoded(b: _Bench, share: float) -> dict | str:
-    found = _decoder(getattr(b.loader, "dataset", None))
-    if found is None:
-        return ("diagnose can cache the decoding of torchvision's ImageFolder/DatasetFolder and the course's "
-                "FileImageDataset only: for this dataset, decode once yourself (keep uint8 tensors) and measure")
-    decode, target, transform, target_transform = found
+    decode, target, transform, target_transform = _decoder(b.loader.dataset)
     n, t0 = len(b.loader.dataset), time.perf_counter()
     images = [decode(i) for i in range(min(4, n))]
     need = (time.perf_counter() - t0) / len(images) * n
@@ -749,12 +727,43 @@ COMPILE_MIN_S = 20  # compiling takes seconds even on a GPU: not started with le
 ALL_LEVERS = ("threads", "batch", "channels_last", "amp", "compile", "workers", "decoded", "pinned")
 
 
+def _inapplicable(b: _Bench, name: str) -> str | None:
+    """Why lever ``name`` cannot apply to this step at all (said before any budget is spent on it), or None."""
+    from torch.utils.data import DataLoader, IterableDataset
+
+    from .devices import loader_workers
+
+    loader, data = b.loader, getattr(b.loader, "dataset", None)
+    if name == "channels_last" and not any(isinstance(m, nn.Conv2d) for m in b.model.modules()):
+        return "no 2-D convolutions in this model"
+    if name in ("workers", "pinned", "decoded") and not isinstance(loader, DataLoader):
+        return "the loader is not a DataLoader (batches made in the training process or on the device)"
+    if name == "workers" and isinstance(data, IterableDataset):
+        return "an IterableDataset: its workers would each need their own share of the stream"
+    if name == "workers" and loader_workers() <= loader.num_workers:
+        return (f"it already uses {loader.num_workers} workers; this process may use {usable_cpus()} CPUs "
+                "(lesson 04: cores − 1)")
+    if name == "pinned" and b.device.type != "cuda":
+        return f"no host→device copy to speed up on `{b.device}`"
+    if name == "pinned" and not all(x.device.type == "cpu" for x in b.host_batch if isinstance(x, torch.Tensor)):
+        return "the loader's batches are already on the device: nothing is copied"
+    if name == "pinned" and loader.pin_memory:
+        return "the loader already pins memory"
+    if name == "decoded" and _decoder(data) is None:
+        return ("diagnose can cache the decoding of torchvision's ImageFolder/DatasetFolder and the course's "
+                "FileImageDataset only: for this dataset, decode once yourself (keep uint8 tensors) and measure")
+    return None
+
+
 def _lever(b: _Bench, name: str, share: float, memory_limit_mb) -> dict | str:
     runs = {"threads": lambda: _lever_threads(b, share), "batch": lambda: _lever_batch(b, share, memory_limit_mb),
             "amp": lambda: _lever_amp(b, share),
             "channels_last": lambda: _lever_channels_last(b, share), "compile": lambda: _lever_compile(b, share),
             "workers": lambda: _lever_workers(b, share), "decoded": lambda: _lever_decoded(b, share),
             "pinned": lambda: _lever_pinned(b, share)}
+    why = _inapplicable(b, name)
+    if why:
+        return why
     if b.left() <= (COMPILE_MIN_S if name == "compile" else 0):
         return f"{BUDGET}: budget_s spent before this lever ({max(b.left(), 0):.0f} s left)"
     try:

@@ -347,3 +347,16 @@ def test_command_line_table_json_and_its_errors(tmp_path, capsys):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.startswith(said) and err.count("\n") == 1, err
+
+
+def test_command_line_diagnoses_lesson_11_gpt_from_its_example_file(capsys, one_thread):
+    """examples/small_gpt.py, the file lesson 10 names, works as the command line's script: a transformer step on
+    in-memory windows is never input-bound, and its MFU is measured."""
+    from helpers.diagnose import main
+
+    script = str(Path(__file__).parents[1] / "examples" / "small_gpt.py")
+    assert main([script, "--device", "cpu", "--budget-s", "4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["bottleneck"] not in ("input", "transfer", "out of memory"), out["reason"]
+    assert out["input_items_per_s"] > out["model_items_per_s"], out
+    assert 0 < out["floors"]["mfu_real"] < 1, out["floors"]
