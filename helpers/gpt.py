@@ -76,6 +76,25 @@ def windows(tokens: torch.Tensor, batch_size: int, seq_len: int, generator=None)
     return x, y
 
 
+class TokenWindows(torch.utils.data.Dataset):
+    """Non-overlapping windows of ``tokens`` as a ``Dataset`` for a ``DataLoader`` (notebook 10 diagnoses the GPT
+    this way): item ``i`` is the ``seq_len`` tokens from ``i × seq_len`` and the same window shifted by one."""
+
+    def __init__(self, tokens: torch.Tensor, seq_len: int):
+        if len(tokens) < seq_len + 1:
+            raise ValueError(f"{len(tokens)} tokens make no window of {seq_len} + 1: use a shorter seq_len")
+        self.tokens, self.seq_len = tokens, seq_len
+
+    def __len__(self) -> int:
+        return (len(self.tokens) - 1) // self.seq_len
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        s = i * self.seq_len
+        return self.tokens[s:s + self.seq_len], self.tokens[s + 1:s + self.seq_len + 1]
+
+
 # ---------------------------------------------------------------- the model
 
 @dataclass

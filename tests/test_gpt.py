@@ -129,3 +129,18 @@ def test_time_limit_stops_training():
     ids = torch.randint(0, 65, (5000,))
     run = gpt.train(gpt.GPT(SMALL), ids[:4000], ids[4000:], steps=10_000, batch_size=4, time_limit_s=0.5)
     assert run["steps"] < 10_000 and run["train_s"] >= 0.5
+
+
+def test_token_windows_do_not_overlap_and_targets_are_shifted_by_one():
+    tokens = torch.arange(23)
+    w = gpt.TokenWindows(tokens, 5)
+    assert len(w) == 4  # 22 // 5: each window needs its next token too
+    starts = [int(w[i][0][0]) for i in range(len(w))]
+    assert starts == [0, 5, 10, 15]
+    for i in range(len(w)):
+        x, y = w[i]
+        assert torch.equal(y, x + 1)
+    with pytest.raises(IndexError):
+        w[len(w)]
+    with pytest.raises(ValueError, match="use a shorter seq_len"):
+        gpt.TokenWindows(torch.arange(5), 5)
