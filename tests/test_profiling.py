@@ -253,6 +253,27 @@ def test_fully_shard_halves_what_each_of_two_ranks_holds(tmp_path):
     assert found["max_loss_difference"] < 1e-5, "sharding must not change the arithmetic"
 
 
+def test_fully_shard_halves_the_gpt_state_of_two_ranks_and_keeps_its_tied_matrix(tmp_path):
+    # Notebook 11's GPT, tiny: 2 blocks of d = 64 (106,304 parameters, the tied matrix once). AdamW's state is
+    # exactly 16 bytes per parameter under DDP; fully_shard splits each parameter's rows across the 2 ranks, so a
+    # rank holds half, up to the odd rows of an uneven split (seen: 0.2029 vs 0.2028 MB of weights). A run that
+    # did not shard, or sharded the tied matrix twice, fails the 2 % tolerance or the tie check.
+    from helpers.gpt import GPTConfig
+
+    cfg = GPTConfig(vocab=65, seq_len=32, d_model=64, n_layers=2, n_heads=4)
+    found = sharding.compare(2, tmp_path / "g.json", model="gpt", gpt_config=cfg, batch_size=8, steps=3,
+                             timeout=300, echo=False)
+    ddp, fsdp = found["ddp"], found["fsdp"]
+    assert found["model"] == "gpt" and found["gpt_config"]["d_model"] == 64 and len(ddp) == len(fsdp) == 2
+    for d, f in zip(ddp, fsdp):
+        assert d["state_mb"] == pytest.approx(4 * found["parameters_mb"], rel=0.001)  # weights, grads, 2 moments
+        for part in ("params_mb", "grads_mb", "optimizer_mb", "state_mb"):
+            assert f[part] == pytest.approx(d[part] / 2, rel=0.02), part
+        assert d["tied"] and f["tied"], "the token embedding and the output matrix must stay one parameter"
+        assert d["step_ms"] > 0 and f["step_ms"] > 0 and f["peak_mb"] > f["state_mb"]
+    assert found["max_loss_difference"] < 1e-5, "sharding must not change the arithmetic"
+
+
 def test_find_max_batch_tries_a_minimum_before_its_deadline():
     """A search that starts after its deadline (lesson 09 once counted it from the notebook's start) still tries
     ``min_trials`` batches rather than recording 0."""
