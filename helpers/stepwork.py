@@ -14,7 +14,8 @@ the step ``fit`` takes and ``helpers.timing.time_train_step`` times) under two d
   ``mm``/``addmm`` calls, already counted. Elementwise arithmetic is not counted anywhere: FLOPs here are the
   matrix-engine work that model FLOPs utilisation (MFU) divides by a peak.
 - A mode of our own sees every ATen operator as it is dispatched and adds up, per operator, the bytes of the tensors
-  it reads and writes (each input read once, each output written once), how many operators run, and the bytes
+  it reads and writes (each input read once, each output written once: a destination that is only written, an
+  ``out=`` argument or the target of ``copy_``, counts once), how many operators run, and the bytes
   copied host→device. The byte count is what an *unfused* eager step moves: an upper bound on what a fused program
   needs (``torch.compile`` keeps intermediates in registers, notebook 08), and a lower bound for each operator as
   run (a kernel that re-reads its inputs, like a tiled convolution, moves more).
@@ -38,6 +39,9 @@ aten = torch.ops.aten
 GATES = {0: 1, 1: 1, 2: 4, 3: 3}   # cuDNN/oneDNN RNN mode -> gates: RNN_RELU, RNN_TANH, LSTM (i, f, g, o), GRU (r, z, n)
 _ALLOCATIONS = {aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty, aten.new_empty_strided}
 _COPIES = {aten._to_copy, aten.copy_, aten._copy_from, aten._copy_from_and_resize}
+# In-place operators whose destination is written, never read (position of the destination argument): an operator
+# like ``add_`` reads ``self`` and writes it back, but ``copy_`` and ``fill_`` only write theirs.
+_WRITE_ONLY = {aten.copy_: 0, aten.fill_: 0, aten.zero_: 0, aten._copy_from: 1, aten._copy_from_and_resize: 1}
 
 
 def rnn_flops(input_size: int, hidden_size: int, *, steps: int, mode: str | int = "lstm", num_layers: int = 1,
@@ -155,6 +159,14 @@ def _distinct(tree) -> list:
     return found
 
 
+def _read_args(func, packet, args, kwargs) -> tuple:
+    """The arguments an operator reads: all but the destinations it only writes (``out=`` arguments, the ``self``
+    of ``copy_``/``fill_``/``zero_``), which are counted once, as outputs."""
+    names = {a.name for a in func._schema.arguments if a.is_out}
+    skip = _WRITE_ONLY.get(packet)
+    return (tuple(a for i, a in enumerate(args) if i != skip), {k: v for k, v in kwargs.items() if k not in names})
+
+
 def _dtype_of(tensors) -> str:
     """The dtype that sets an operator's arithmetic: its first floating-point tensor's (else its first tensor's)."""
     floats = [t for t in tensors if t.is_floating_point()]
@@ -188,7 +200,7 @@ class WorkCounter(TorchDispatchMode):
         return out
 
     def _record(self, func, packet, args, kwargs, out) -> None:
-        inputs, outputs = _distinct((args, kwargs)), _distinct(out)
+        inputs, outputs = _distinct(_read_args(func, packet, args, kwargs)), _distinct(out)
         flops = self.registry[packet](*args, **kwargs, out_val=out) if packet in self.registry else 0
         kernel = not func.is_view and packet not in _ALLOCATIONS
         nbytes = sum(map(tensor_bytes, inputs + outputs)) if kernel else 0
@@ -197,7 +209,7 @@ class WorkCounter(TorchDispatchMode):
         if packet in ANALYTIC_OPS:
             self.analytic[str(packet)] += flops
         if packet in _COPIES and inputs and outputs:
-            src, dst = inputs[-1 if packet is aten.copy_ else 0].device.type, outputs[0].device.type
+            src, dst = inputs[0].device.type, outputs[0].device.type  # inputs: what is read, the source
             moved = tensor_bytes(outputs[0])
             self.h2d_bytes += moved if src == "cpu" and dst != "cpu" else 0
             self.d2h_bytes += moved if src != "cpu" and dst == "cpu" else 0

@@ -51,6 +51,30 @@ def test_a_chain_of_n_adds_is_n_operators():
         assert counter.rows[("aten.add", "float32", 0, 2 * 4000, True)] == n, counter.rows  # read x, write y
 
 
+def _bytes(counter):
+    return sum(nbytes * calls for (_, _, _, nbytes, _), calls in counter.rows.items())
+
+
+def test_a_destination_only_written_counts_once():
+    a, b, c = torch.randn(1000), torch.randn(1000), torch.empty(1000)
+    size = 1000 * 4
+    with WorkCounter({}) as counter:
+        torch.add(a, b, out=c)  # read a and b, write c: c is not read
+    assert _bytes(counter) == 3 * size, counter.rows
+    with WorkCounter({}) as counter:
+        c.copy_(a)  # read a, write c
+    assert _bytes(counter) == 2 * size, counter.rows
+    with WorkCounter({}) as counter:
+        c.fill_(1.0)  # write c only
+    assert _bytes(counter) == size, counter.rows
+    with WorkCounter({}) as counter:
+        c.add_(a)  # an in-place update reads c and writes it back: read c and a, write c
+    assert _bytes(counter) == 3 * size, counter.rows
+    with WorkCounter({}) as counter:
+        torch.add(c, a, out=c)  # the destination is also an operand: read too
+    assert _bytes(counter) == 3 * size, counter.rows
+
+
 def test_views_move_no_bytes_and_are_not_kernels():
     x = torch.randn(6, 4)
     with WorkCounter({}) as counter:
