@@ -241,3 +241,20 @@ def test_fp16_is_predicted_from_the_bf16_count_relabelled(monkeypatch):
     assert found["T4"]["dtype"] == "float16" and found["A100 80GB SXM"]["dtype"] == "bfloat16"
     t4_fp16 = datasheet()["T4"]["flops_per_s"]["float16"]["value"]
     assert found["T4"]["step_s"] >= 2e9 / t4_fp16 and found["T4"]["epoch_s"] == pytest.approx(2 * found["T4"]["step_s"])
+
+
+def test_gpu_predictions_count_the_optimizer_as_cuda_runs_it():
+    """On CUDA tensors torch.optim defaults to its foreach kernels: the count behind a GPU prediction has fewer
+    operators than the CPU's for-loop count of the same step (SGD on a multi-layer model)."""
+    from helpers.models import ConvBlockNet
+    from helpers.stepwork import count_step
+
+    batch = (torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,)))
+    cpu = count_step(ConvBlockNet(depth=2), batch, "cpu")
+    sweep = speedoflight.predicted_sweep({4: (ConvBlockNet(depth=2), batch)}, ("T4",), op_s=1e-6)
+    assert sweep["work"][4]["ops"] < cpu.ops and sweep["work"][4]["flops"] == cpu.flops, (sweep["work"], cpu.ops)
+    light = speedoflight.check_predictions({"net": dict(model=ConvBlockNet(depth=2), batch=batch)}, "cpu",
+                                           ceilings={"flops_per_s": {"float32": 1e11}, "bytes_per_s": 1e10,
+                                                     "op_s": 1e-5, "overlap": False, "device": "cpu"},
+                                           min_run_time=0.01, gpus=("T4",))
+    assert light["net"]["ops"] == cpu.ops, "the CPU's own prediction keeps the CPU's count"
