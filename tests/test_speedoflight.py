@@ -253,7 +253,7 @@ def test_gpu_predictions_count_the_optimizer_as_cuda_runs_it():
     cpu = count_step(ConvBlockNet(depth=2), batch, "cpu")
     sweep = speedoflight.predicted_sweep({4: (ConvBlockNet(depth=2), batch)}, ("T4",), op_s=1e-6)
     assert sweep["work"][4]["ops"] < cpu.ops and sweep["work"][4]["flops"] == cpu.flops, (sweep["work"], cpu.ops)
-    light = speedoflight.check_predictions({"net": dict(model=ConvBlockNet(depth=2), batch=batch)}, "cpu",
+    light = speedoflight.check_predictions({"net": {"model": ConvBlockNet(depth=2), "batch": batch}}, "cpu",
                                            ceilings={"flops_per_s": {"float32": 1e11}, "bytes_per_s": 1e10,
                                                      "op_s": 1e-5, "overlap": False, "device": "cpu"},
                                            min_run_time=0.01, gpus=("T4",))
