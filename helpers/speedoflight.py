@@ -343,9 +343,11 @@ def mfu(flops_per_s: float, device="cpu", dtype: str = "float32", *, ceilings: d
     return found
 
 
-def predicted_sweep(points: dict, gpus=None, *, op_s: float | None = None, **count_kw) -> dict:
+def predicted_sweep(points: dict, gpus=None, *, op_s: float | None = None, copy_batch: bool = True,
+                    **count_kw) -> dict:
     """Count one step per sweep point and predict it on each GPU: ``points`` maps x (a batch size, a width) to
-    ``(model, batch)``; ``count_kw`` go to ``count_step`` (notebooks 01 and 02).
+    ``(model, batch)``; ``count_kw`` go to ``count_step`` (notebooks 01 and 02). ``copy_batch=False`` predicts the
+    step with its batch already on the GPU, as ``helpers.timing.time_train_step`` times it by default.
 
     Returns ``{"items_per_s": {gpu: {x: predicted items/s}}, "step_s": {gpu: {x: s}}, "bound": {gpu: {x: regime}},
     "skipped": {gpu: why}, "work": {x: {"flops", "bytes", "ops", "kernels"}}, "label": PREDICTED}``.
@@ -357,7 +359,7 @@ def predicted_sweep(points: dict, gpus=None, *, op_s: float | None = None, **cou
     for x, (model, batch) in points.items():
         work = count_step(model, batch, "cpu", **{"foreach": True, **count_kw})  # the optimizer as on a GPU
         found["work"][x] = {k: getattr(work, k) for k in ("flops", "bytes", "ops", "kernels", "items")}
-        for gpu, p in predict_gpus(work, gpus, op_s=op_s).items():
+        for gpu, p in predict_gpus(work, gpus, op_s=op_s, copy_batch=copy_batch).items():
             if "skipped" in p:
                 found["skipped"][gpu] = p["skipped"]
                 continue

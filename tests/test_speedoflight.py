@@ -258,3 +258,18 @@ def test_gpu_predictions_count_the_optimizer_as_cuda_runs_it():
                                                      "op_s": 1e-5, "overlap": False, "device": "cpu"},
                                            min_run_time=0.01, gpus=("T4",))
     assert light["net"]["ops"] == cpu.ops, "the CPU's own prediction keeps the CPU's count"
+
+
+def test_a_sweep_can_predict_the_step_with_its_batch_resident(monkeypatch):
+    """time_train_step keeps the batch on the device: the prediction compared with it copies nothing."""
+    from helpers.models import ConvBlockNet
+
+    seen, predict = [], speedoflight.predict_gpus
+    monkeypatch.setattr(speedoflight, "predict_gpus", lambda *a, **kw: seen.append(kw["copy_batch"]) or predict(*a, **kw))
+    batch = (torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,)))
+    for flag in (True, False):
+        speedoflight.predicted_sweep({4: (ConvBlockNet(depth=1), batch)}, ("T4",), op_s=0.0, copy_batch=flag)
+    assert seen == [True, False]
+    work = synthetic_work(input_bytes=10**9)  # a large batch: its copy shows in the step
+    assert predict(work, ("T4",), op_s=0.0, copy_batch=False)["T4"]["step_s"] < \
+        predict(work, ("T4",), op_s=0.0)["T4"]["step_s"]
