@@ -369,10 +369,12 @@ def predicted_sweep(points: dict, gpus=None, *, op_s: float | None = None, copy_
     return found
 
 
-def predicted_matmul(sizes, dtype: str = "float32", gpus=None, *, op_s: float | None = None) -> dict:
+def predicted_matmul(sizes, dtype: str = "float32", gpus=None, *, op_s: float | None = None,
+                     detail: bool = False) -> dict:
     """Predicted GFLOP/s of an ``n×n @ n×n`` product on each datasheet GPU, for each ``n`` in ``sizes``: one operator
     of ``2n³`` FLOPs reading two and writing one ``n×n`` matrix, timed back to back as notebook 02 times it (the
-    host issues the next call while the device works). ``{gpu: {n: GFLOP/s}}``; a GPU without a peak for ``dtype``
+    host issues the next call while the device works). ``{gpu: {n: GFLOP/s}}``, or with ``detail``
+    ``{gpu: {n: {"gflops", "bound"}}}`` (the regime that binds, notebook 08); a GPU without a peak for ``dtype``
     is left out (notebook 02)."""
     op_s = _host_op_s(op_s)
     itemsize = torch.empty(0, dtype=getattr(torch, "float32" if dtype == "tf32" else dtype)).element_size()
@@ -382,7 +384,8 @@ def predicted_matmul(sizes, dtype: str = "float32", gpus=None, *, op_s: float | 
                           "kernel": True, "calls": 1}], "ops": 1, "kernels": 1, "h2d_bytes": 0}
         for gpu, p in predict_gpus(work, gpus, op_s=op_s).items():
             if "step_s" in p:
-                found.setdefault(gpu, {})[n] = 2 * n**3 / p["step_s"] / 1e9
+                gflops = 2 * n**3 / p["step_s"] / 1e9
+                found.setdefault(gpu, {})[n] = {"gflops": gflops, "bound": p["bound"]} if detail else gflops
     return found
 
 

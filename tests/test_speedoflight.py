@@ -273,3 +273,12 @@ def test_a_sweep_can_predict_the_step_with_its_batch_resident(monkeypatch):
     work = synthetic_work(input_bytes=10**9)  # a large batch: its copy shows in the step
     assert predict(work, ("T4",), op_s=0.0, copy_batch=False)["T4"]["step_s"] < \
         predict(work, ("T4",), op_s=0.0)["T4"]["step_s"]
+
+
+def test_predicted_matmul_names_the_regime_that_binds():
+    """A small product is bound by the host's launches, a large one by the datasheet's compute peak."""
+    found = speedoflight.predicted_matmul([64, 8192], "float32", ("A100 80GB SXM",), op_s=1e-5, detail=True)
+    small, large = found["A100 80GB SXM"][64], found["A100 80GB SXM"][8192]
+    assert small["bound"] == "overhead" and large["bound"] == "compute", found
+    assert large["gflops"] == pytest.approx(speedoflight.predicted_matmul([8192], "float32", ("A100 80GB SXM",),
+                                                                          op_s=1e-5)["A100 80GB SXM"][8192])
