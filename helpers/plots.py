@@ -200,10 +200,25 @@ def _room_above(ax, notes: list) -> None:
 PREDICTED_LABEL = "predicted from the datasheet, not measured"
 
 
+def _merged_predictions(predictions: dict) -> dict:
+    """GPUs whose predicted points coincide (to 0.1 %: a host-bound step costs every GPU the same) under one label,
+    ``"T4, A100: ..."``, so that identical lines are drawn once (notebook 01)."""
+    groups: list = []
+    for gpu, points in (predictions or {}).items():
+        for names, shared in groups:
+            if shared.keys() == points.keys() and all(abs(points[x] - y) <= 1e-3 * abs(y) for x, y in shared.items()):
+                names.append(gpu)
+                break
+        else:
+            groups.append(([gpu], points))
+    return {", ".join(names): points for names, points in groups}
+
+
 def compare_lines(series: dict, *, xlabel: str, ylabel: str, title: str, references: dict | None = None,
                   predictions: dict | None = None, logx: bool = True, logy: bool = False, ax=None):
     """Lines of y against x for each series ("cpu", "cuda:0", …), with reference series dashed and predicted ones
-    dotted, each prediction's legend entry saying it was predicted, not measured (notebook 01).
+    dotted, each prediction's legend entry saying it was predicted, not measured (notebook 01); predictions that
+    coincide are drawn as one line naming all their GPUs.
 
     ``series`` maps a name to ``{x: y}``; ``references`` maps a reference hardware name to such a dict;
     ``predictions`` maps a GPU name to ``{x: y}`` (``helpers.speedoflight.predict_gpus``).
@@ -214,7 +229,7 @@ def compare_lines(series: dict, *, xlabel: str, ylabel: str, title: str, referen
     for ref_name, ref_series in (references or {}).items():
         for name, points in ref_series.items():
             ax.plot(*_sorted_points(points), "s--", alpha=0.7, label=f"reference {ref_name}: {name}")
-    for gpu, points in (predictions or {}).items():
+    for gpu, points in _merged_predictions(predictions).items():
         ax.plot(*_sorted_points(points), "^:", alpha=0.8, label=f"{gpu}: {PREDICTED_LABEL}")
     if logx:
         ax.set_xscale("log", base=2)

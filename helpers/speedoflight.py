@@ -343,9 +343,11 @@ def mfu(flops_per_s: float, device="cpu", dtype: str = "float32", *, ceilings: d
     return found
 
 
-def predicted_sweep(points: dict, gpus=None, *, op_s: float | None = None, **count_kw) -> dict:
+def predicted_sweep(points: dict, gpus=None, *, op_s: float | None = None, copy_batch: bool = True,
+                    **count_kw) -> dict:
     """Count one step per sweep point and predict it on each GPU: ``points`` maps x (a batch size, a width) to
-    ``(model, batch)``; ``count_kw`` go to ``count_step`` (notebooks 01 and 02).
+    ``(model, batch)``; ``count_kw`` go to ``count_step`` (notebooks 01 and 02). ``copy_batch=False`` predicts the
+    step with its batch already on the GPU, as ``helpers.timing.time_train_step`` times it by default.
 
     Returns ``{"items_per_s": {gpu: {x: predicted items/s}}, "step_s": {gpu: {x: s}}, "bound": {gpu: {x: regime}},
     "skipped": {gpu: why}, "work": {x: {"flops", "bytes", "ops", "kernels"}}, "label": PREDICTED}``.
@@ -355,9 +357,9 @@ def predicted_sweep(points: dict, gpus=None, *, op_s: float | None = None, **cou
     op_s = _host_op_s(op_s)
     found = {"items_per_s": {}, "step_s": {}, "bound": {}, "skipped": {}, "work": {}, "label": PREDICTED}
     for x, (model, batch) in points.items():
-        work = count_step(model, batch, "cpu", **count_kw)
+        work = count_step(model, batch, "cpu", **{"foreach": True, **count_kw})  # the optimizer as on a GPU
         found["work"][x] = {k: getattr(work, k) for k in ("flops", "bytes", "ops", "kernels", "items")}
-        for gpu, p in predict_gpus(work, gpus, op_s=op_s).items():
+        for gpu, p in predict_gpus(work, gpus, op_s=op_s, copy_batch=copy_batch).items():
             if "skipped" in p:
                 found["skipped"][gpu] = p["skipped"]
                 continue
@@ -367,10 +369,12 @@ def predicted_sweep(points: dict, gpus=None, *, op_s: float | None = None, **cou
     return found
 
 
-def predicted_matmul(sizes, dtype: str = "float32", gpus=None, *, op_s: float | None = None) -> dict:
+def predicted_matmul(sizes, dtype: str = "float32", gpus=None, *, op_s: float | None = None,
+                     detail: bool = False) -> dict:
     """Predicted GFLOP/s of an ``n×n @ n×n`` product on each datasheet GPU, for each ``n`` in ``sizes``: one operator
     of ``2n³`` FLOPs reading two and writing one ``n×n`` matrix, timed back to back as notebook 02 times it (the
-    host issues the next call while the device works). ``{gpu: {n: GFLOP/s}}``; a GPU without a peak for ``dtype``
+    host issues the next call while the device works). ``{gpu: {n: GFLOP/s}}``, or with ``detail``
+    ``{gpu: {n: {"gflops", "bound"}}}`` (the regime that binds, notebook 08); a GPU without a peak for ``dtype``
     is left out (notebook 02)."""
     op_s = _host_op_s(op_s)
     itemsize = torch.empty(0, dtype=getattr(torch, "float32" if dtype == "tf32" else dtype)).element_size()
@@ -380,7 +384,8 @@ def predicted_matmul(sizes, dtype: str = "float32", gpus=None, *, op_s: float | 
                           "kernel": True, "calls": 1}], "ops": 1, "kernels": 1, "h2d_bytes": 0}
         for gpu, p in predict_gpus(work, gpus, op_s=op_s).items():
             if "step_s" in p:
-                found.setdefault(gpu, {})[n] = 2 * n**3 / p["step_s"] / 1e9
+                gflops = 2 * n**3 / p["step_s"] / 1e9
+                found.setdefault(gpu, {})[n] = {"gflops": gflops, "bound": p["bound"]} if detail else gflops
     return found
 
 
@@ -442,7 +447,7 @@ def predicted_training(make_model, batch, *, images: int, epochs: int = 1, amp: 
         for need in (["bfloat16"] if dtype == "float16" else []) + [dtype]:
             if need not in works:  # fp16: the bf16 count, relabelled (see the docstring)
                 works[need] = _relabelled(works["bfloat16"], "bfloat16", "float16") if need == "float16" else \
-                    count_step(make_model(), batch, "cpu", amp=need or False, **count_kw)
+                    count_step(make_model(), batch, "cpu", amp=need or False, **{"foreach": True, **count_kw})
         p = predict_gpus(works[dtype], (gpu,), op_s=op_s)[gpu]
         if "skipped" in p:
             found[gpu] = p
@@ -494,18 +499,21 @@ def check_predictions(cases: dict, device="cpu", *, ceilings: dict | None = None
         case = dict(case)  # a call's inputs live on the device already; a training step copies its batch
         if "fn" in case:
             fn, args = case["fn"], [a.to(device) for a in case["args"]]
-            work = count_fn(fn, *[a.cpu() for a in case["args"]])
+            work = gpu_work = count_fn(fn, *[a.cpu() for a in case["args"]])
             measured = time_fn(lambda: fn(*args), device, min_run_time=min_run_time).median_s
         else:
             model, batch = case.pop("model"), case.pop("batch")
             work = count_step(copy.deepcopy(model), batch, device, **case)
+            # the datasheet GPUs run the optimizer's foreach kernels (stepwork.count_step): counted so, off a CPU
+            gpu_work = work if torch.device(device).type == "cuda" else count_step(
+                copy.deepcopy(model), batch, device, **{"foreach": True, **case})
             options = {k: v for k, v in case.items() if k in ("optimizer", "amp", "host_inputs", "channels_last")}
             if isinstance(options.get("optimizer"), type):  # a class: time_train_step wants an instance
                 options["optimizer"] = options["optimizer"](model.parameters(), lr=0.01)
             measured = time_train_step(model, batch, device, min_run_time=min_run_time, **options).median_s
         p = predict_step(work, ceilings)
         on_gpus = {gpu: {k: g[k] for k in ("step_s", "bound")} if "step_s" in g else g
-                   for gpu, g in predict_gpus(work, gpus, op_s=host_op_s, copy_batch="fn" not in case).items()}
+                   for gpu, g in predict_gpus(gpu_work, gpus, op_s=host_op_s, copy_batch="fn" not in case).items()}
         found[name] = {"flops": work.flops, "bytes": work.bytes, "ops": work.ops, "kernels": work.kernels,
                        "predicted_s": p["step_s"], "measured_s": measured, "ratio": measured / p["step_s"],
                        "bound": p["bound"], "gpus": on_gpus}

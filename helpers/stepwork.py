@@ -14,8 +14,9 @@ the step ``fit`` takes and ``helpers.timing.time_train_step`` times) under two d
   ``mm``/``addmm`` calls, already counted. Elementwise arithmetic is not counted anywhere: FLOPs here are the
   matrix-engine work that model FLOPs utilisation (MFU) divides by a peak.
 - A mode of our own sees every ATen operator as it is dispatched and adds up, per operator, the bytes of the tensors
-  it reads and writes (each input read once, each output written once), how many operators run, and the bytes
-  copied host→device. The byte count is what an *unfused* eager step moves: an upper bound on what a fused program
+  it reads and writes (each input read once, each output written once: a destination that is only written, an
+  ``out=`` argument or the target of ``copy_``, counts once; an in-place update reads and writes), how many operators
+  run, and the bytes copied host→device. The byte count is what an *unfused* eager step moves: an upper bound on what a fused program
   needs (``torch.compile`` keeps intermediates in registers, notebook 08), and a lower bound for each operator as
   run (a kernel that re-reads its inputs, like a tiled convolution, moves more).
 
@@ -38,6 +39,9 @@ aten = torch.ops.aten
 GATES = {0: 1, 1: 1, 2: 4, 3: 3}   # cuDNN/oneDNN RNN mode -> gates: RNN_RELU, RNN_TANH, LSTM (i, f, g, o), GRU (r, z, n)
 _ALLOCATIONS = {aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty, aten.new_empty_strided}
 _COPIES = {aten._to_copy, aten.copy_, aten._copy_from, aten._copy_from_and_resize}
+# In-place operators whose destination is written, never read (position of the destination argument): an operator
+# like ``add_`` reads ``self`` and writes it back, but ``copy_`` and ``fill_`` only write theirs.
+_WRITE_ONLY = {aten.copy_: 0, aten.fill_: 0, aten.zero_: 0, aten._copy_from: 1, aten._copy_from_and_resize: 1}
 
 
 def rnn_flops(input_size: int, hidden_size: int, *, steps: int, mode: str | int = "lstm", num_layers: int = 1,
@@ -155,6 +159,21 @@ def _distinct(tree) -> list:
     return found
 
 
+def _reads_and_writes(func, packet, args, kwargs) -> tuple:
+    """The arguments an operator reads, and those it writes in place: a destination it only writes (an ``out=``
+    argument, the ``self`` of ``copy_``/``fill_``/``zero_``) is not read; an in-place update (``add_``, the
+    ``_foreach_*_`` operators, which return nothing) reads and writes its ``self``."""
+    schema, skip = func._schema.arguments, _WRITE_ONLY.get(packet)
+    by_name = {a.name: a for a in schema}
+    written = [a.name for a in schema if a.alias_info is not None and a.alias_info.is_write]
+    outs = {a.name for a in schema if a.is_out}
+    reads = (tuple(v for i, v in enumerate(args) if i != skip and not (i < len(schema) and schema[i].is_out)),
+             {k: v for k, v in kwargs.items() if k not in outs})
+    writes = [v for i, v in enumerate(args) if i < len(schema) and schema[i].name in written]
+    writes += [v for k, v in kwargs.items() if k in by_name and k in written]
+    return reads, writes
+
+
 def _dtype_of(tensors) -> str:
     """The dtype that sets an operator's arithmetic: its first floating-point tensor's (else its first tensor's)."""
     floats = [t for t in tensors if t.is_floating_point()]
@@ -188,7 +207,8 @@ class WorkCounter(TorchDispatchMode):
         return out
 
     def _record(self, func, packet, args, kwargs, out) -> None:
-        inputs, outputs = _distinct((args, kwargs)), _distinct(out)
+        reads, writes = _reads_and_writes(func, packet, args, kwargs)
+        inputs, outputs = _distinct(reads), _distinct((out, writes))
         flops = self.registry[packet](*args, **kwargs, out_val=out) if packet in self.registry else 0
         kernel = not func.is_view and packet not in _ALLOCATIONS
         nbytes = sum(map(tensor_bytes, inputs + outputs)) if kernel else 0
@@ -197,7 +217,7 @@ class WorkCounter(TorchDispatchMode):
         if packet in ANALYTIC_OPS:
             self.analytic[str(packet)] += flops
         if packet in _COPIES and inputs and outputs:
-            src, dst = inputs[-1 if packet is aten.copy_ else 0].device.type, outputs[0].device.type
+            src, dst = inputs[0].device.type, outputs[0].device.type  # inputs: what is read, the source
             moved = tensor_bytes(outputs[0])
             self.h2d_bytes += moved if src == "cpu" and dst != "cpu" else 0
             self.d2h_bytes += moved if src != "cpu" and dst == "cpu" else 0
@@ -233,20 +253,29 @@ class StepWork:
         return asdict(self)
 
 
-def _rebuilt_optimizer(optimizer, params):
-    """A fresh optimizer of the same kind and first-group settings, for the copied parameters."""
+def _rebuilt_optimizer(optimizer, params, foreach: bool = False):
+    """A fresh optimizer of the same kind and first-group settings, for the copied parameters; ``foreach``: its
+    groups that leave the choice to PyTorch (``foreach=None``, not fused) run the foreach kernels, as on a GPU."""
     if optimizer is None:
-        return torch.optim.SGD(params, lr=0.01)
-    if isinstance(optimizer, torch.optim.Optimizer):
+        built = torch.optim.SGD(params, lr=0.01)
+    elif isinstance(optimizer, torch.optim.Optimizer):
         # the constructor's own settings only: a scheduler adds keys of its own (initial_lr, max_lr, ...), and
         # AdamW's defaults hold decoupled_weight_decay, which its constructor does not take
         accepted = inspect.signature(type(optimizer)).parameters
         settings = {k: v for k, v in optimizer.param_groups[0].items() if k in optimizer.defaults and k in accepted}
-        return type(optimizer)(params, **settings)
-    return optimizer(params)  # a class or a factory
+        built = type(optimizer)(params, **settings)
+    else:
+        built = optimizer(params)  # a class or a factory
+    for group in built.param_groups if foreach and isinstance(built, torch.optim.Optimizer) else ():
+        # torch.optim's own default (optimizer.py, _default_to_fused_or_foreach): foreach when every parameter is
+        # on a device with foreach kernels (CUDA, not a CPU) and the optimizer is not differentiable
+        if "foreach" in group and group["foreach"] is None and not group.get("fused") \
+                and not group.get("differentiable"):
+            group["foreach"] = True
+    return built
 
 
-def _prepared(model: nn.Module, batch, device, optimizer, channels_last: bool):
+def _prepared(model: nn.Module, batch, device, optimizer, channels_last: bool, foreach: bool = False):
     """A copy of ``model`` on ``device`` with its own optimizer, and the host batch (channels_last if asked)."""
     model = copy.deepcopy(model)
     *inputs, target = batch
@@ -254,11 +283,12 @@ def _prepared(model: nn.Module, batch, device, optimizer, channels_last: bool):
         model = model.to(memory_format=torch.channels_last)
         inputs = [x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x for x in inputs]
     model.to(device).train()
-    return model, _rebuilt_optimizer(optimizer, model.parameters()), (*inputs, target)
+    return model, _rebuilt_optimizer(optimizer, model.parameters(), foreach), (*inputs, target)
 
 
 def count_step(model: nn.Module, batch, device: str | torch.device = "cpu", *, optimizer=None, loss_fn=None,
-               amp=False, host_inputs=(), channels_last: bool = False, warmup: int = 1) -> StepWork:
+               amp=False, host_inputs=(), channels_last: bool = False, warmup: int = 1,
+               foreach: bool = False) -> StepWork:
     """Count the FLOPs, bytes, operators and host→device bytes of one training step of ``model`` (notebook 08).
 
     The step is ``helpers.training.optimizer_step`` on ``batch = (*inputs, target)``, copied from the host inside the
@@ -266,12 +296,15 @@ def count_step(model: nn.Module, batch, device: str | torch.device = "cpu", *, o
     ``helpers.timing.time_train_step`` so the same step can be counted and timed. It runs on a *copy* of the model
     with a fresh optimizer of the same kind (``optimizer``: an instance, a class, or None for ``SGD(lr=0.01)``), so
     the model you pass is not trained. ``warmup`` uncounted steps first create the optimizer's state.
+    ``foreach=True`` counts the optimizer as it runs on a CUDA GPU: ``torch.optim`` picks its foreach kernels there
+    (a few operators over all parameters) and a for-loop (operators per parameter) on a CPU; use it for a count made
+    on a CPU that predicts a GPU (``helpers.speedoflight``).
     """
     from .devices import pick_device
     from .training import make_scaler, optimizer_step, resolve_amp, split_batch
 
     device = pick_device(device)
-    model, opt, host = _prepared(model, batch, device, optimizer, channels_last)
+    model, opt, host = _prepared(model, batch, device, optimizer, channels_last, foreach)
     loss_fn, dtype = loss_fn or nn.CrossEntropyLoss(), resolve_amp(amp, device)
     scaler = make_scaler(device, dtype)
 

@@ -229,6 +229,14 @@ def test_a_predicted_series_says_so_where_it_is_drawn():
     legend = [t.get_text().replace("\n", " ") for t in ax.get_legend().get_texts()]
     assert sum("predicted from the datasheet, not measured" in s for s in legend) == len(PREDICTED_GPUS), legend
     assert not any("predicted" in s for s in legend if s.startswith("this machine")), legend
+    plt.close("all")
+    same = {gpu: {1: 10.0, 8: 80.0} for gpu in PREDICTED_GPUS}  # host-bound: every GPU predicted alike
+    ax = plots.compare_lines(_lines(["cpu"]), xlabel="batch", ylabel="items/s", title="t",
+                             predictions={**same, "L4": {1: 5.0, 8: 80.0}})
+    legend = [t.get_text().replace("\n", " ") for t in ax.get_legend().get_texts()]
+    assert len(ax.get_lines()) == 3, "the coinciding predictions are one line"
+    assert any(all(gpu in s for gpu in PREDICTED_GPUS) and "predicted" in s for s in legend), legend
+    assert any(s.startswith("L4: predicted") for s in legend), legend
     ax = plots.compare_bars({"fp32": 4.0}, unit="ms", title="t", predictions={"T4": {"fp32": 1.0}})
     ticks = [t.get_text() for t in ax.get_xticklabels()]
     assert ticks[0] == "fp32" and "predicted" in ticks[1] and "T4" in ticks[1]

@@ -241,3 +241,44 @@ def test_fp16_is_predicted_from_the_bf16_count_relabelled(monkeypatch):
     assert found["T4"]["dtype"] == "float16" and found["A100 80GB SXM"]["dtype"] == "bfloat16"
     t4_fp16 = datasheet()["T4"]["flops_per_s"]["float16"]["value"]
     assert found["T4"]["step_s"] >= 2e9 / t4_fp16 and found["T4"]["epoch_s"] == pytest.approx(2 * found["T4"]["step_s"])
+
+
+def test_gpu_predictions_count_the_optimizer_as_cuda_runs_it():
+    """On CUDA tensors torch.optim defaults to its foreach kernels: the count behind a GPU prediction has fewer
+    operators than the CPU's for-loop count of the same step (SGD on a multi-layer model)."""
+    from helpers.models import ConvBlockNet
+    from helpers.stepwork import count_step
+
+    batch = (torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,)))
+    cpu = count_step(ConvBlockNet(depth=2), batch, "cpu")
+    sweep = speedoflight.predicted_sweep({4: (ConvBlockNet(depth=2), batch)}, ("T4",), op_s=1e-6)
+    assert sweep["work"][4]["ops"] < cpu.ops and sweep["work"][4]["flops"] == cpu.flops, (sweep["work"], cpu.ops)
+    light = speedoflight.check_predictions({"net": {"model": ConvBlockNet(depth=2), "batch": batch}}, "cpu",
+                                           ceilings={"flops_per_s": {"float32": 1e11}, "bytes_per_s": 1e10,
+                                                     "op_s": 1e-5, "overlap": False, "device": "cpu"},
+                                           min_run_time=0.01, gpus=("T4",))
+    assert light["net"]["ops"] == cpu.ops, "the CPU's own prediction keeps the CPU's count"
+
+
+def test_a_sweep_can_predict_the_step_with_its_batch_resident(monkeypatch):
+    """time_train_step keeps the batch on the device: the prediction compared with it copies nothing."""
+    from helpers.models import ConvBlockNet
+
+    seen, predict = [], speedoflight.predict_gpus
+    monkeypatch.setattr(speedoflight, "predict_gpus", lambda *a, **kw: seen.append(kw["copy_batch"]) or predict(*a, **kw))
+    batch = (torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,)))
+    for flag in (True, False):
+        speedoflight.predicted_sweep({4: (ConvBlockNet(depth=1), batch)}, ("T4",), op_s=0.0, copy_batch=flag)
+    assert seen == [True, False]
+    work = synthetic_work(input_bytes=10**9)  # a large batch: its copy shows in the step
+    assert predict(work, ("T4",), op_s=0.0, copy_batch=False)["T4"]["step_s"] < \
+        predict(work, ("T4",), op_s=0.0)["T4"]["step_s"]
+
+
+def test_predicted_matmul_names_the_regime_that_binds():
+    """A small product is bound by the host's launches, a large one by the datasheet's compute peak."""
+    found = speedoflight.predicted_matmul([64, 8192], "float32", ("A100 80GB SXM",), op_s=1e-5, detail=True)
+    small, large = found["A100 80GB SXM"][64], found["A100 80GB SXM"][8192]
+    assert small["bound"] == "overhead" and large["bound"] == "compute", found
+    assert large["gflops"] == pytest.approx(speedoflight.predicted_matmul([8192], "float32", ("A100 80GB SXM",),
+                                                                          op_s=1e-5)["A100 80GB SXM"][8192])

@@ -8,6 +8,7 @@ from torch.nn.utils.rnn import pack_padded_sequence
 from torch.utils.flop_counter import FlopCounterMode
 
 from helpers import stepwork
+from helpers.models import ConvBlockNet
 from helpers.stepwork import ANALYTIC_OPS, WorkCounter, count_step, rnn_flops, tensor_bytes
 
 aten = torch.ops.aten
@@ -49,6 +50,46 @@ def test_a_chain_of_n_adds_is_n_operators():
                 y = y + 1.0
         assert counter.ops == n and counter.kernels == n
         assert counter.rows[("aten.add", "float32", 0, 2 * 4000, True)] == n, counter.rows  # read x, write y
+
+
+def _bytes(counter):
+    return sum(nbytes * calls for (_, _, _, nbytes, _), calls in counter.rows.items())
+
+
+def test_a_destination_only_written_counts_once():
+    a, b, c = torch.randn(1000), torch.randn(1000), torch.empty(1000)
+    size = 1000 * 4
+    with WorkCounter({}) as counter:
+        torch.add(a, b, out=c)  # read a and b, write c: c is not read
+    assert _bytes(counter) == 3 * size, counter.rows
+    with WorkCounter({}) as counter:
+        c.copy_(a)  # read a, write c
+    assert _bytes(counter) == 2 * size, counter.rows
+    with WorkCounter({}) as counter:
+        c.fill_(1.0)  # write c only
+    assert _bytes(counter) == size, counter.rows
+    with WorkCounter({}) as counter:
+        c.add_(a)  # an in-place update reads c and writes it back: read c and a, write c
+    assert _bytes(counter) == 3 * size, counter.rows
+    with WorkCounter({}) as counter:
+        torch.add(c, a, out=c)  # the destination is also an operand: read too
+    assert _bytes(counter) == 3 * size, counter.rows
+    with WorkCounter({}) as counter:
+        torch._foreach_add_([c, b], [a, a])  # returns nothing: its updated list is read and written
+    assert _bytes(counter) == 5 * size, counter.rows  # read c, b, a (once: the same tensor twice); write c, b
+
+
+def test_foreach_counts_the_optimizer_as_on_a_gpu():
+    # torch.optim runs a for-loop on CPU tensors (operators per parameter), foreach kernels on CUDA tensors
+    model, batch = ConvBlockNet(depth=2), (torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,)))
+    for optimizer in (None, torch.optim.Adam):
+        cpu = count_step(model, batch, optimizer=optimizer)
+        gpu = count_step(model, batch, optimizer=optimizer, foreach=True)
+        assert gpu.ops < cpu.ops and gpu.kernels < cpu.kernels, (cpu.ops, gpu.ops)
+        assert gpu.flops == cpu.flops
+        assert abs(gpu.bytes - cpu.bytes) < 1e-3 * cpu.bytes, "the same updates, in fewer operators"
+        assert any(r["op"].startswith("aten._foreach") for r in gpu.rows)
+        assert not any(r["op"].startswith("aten._foreach") for r in cpu.rows)
 
 
 def test_views_move_no_bytes_and_are_not_kernels():
