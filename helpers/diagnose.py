@@ -125,7 +125,9 @@ def _measurements(d: Diagnosis) -> list:
              f"Per batch: input alone {o['input_ms']:.1f} ms + model alone {o['model_ms']:.1f} ms = "
              f"{o['serial_ms']:.1f} ms in series; the real step takes {o['real_ms']:.1f} ms, so "
              + (f"{o['hidden']:.0%} of the serial time is hidden by overlap" if o["hidden"] >= 0.005 else
-                "no time is hidden by overlap") + ". Phases, synchronised after each (ms): "
+                "no time is hidden by overlap" + (f" (the real step took {-o['hidden']:.0%} longer than the two in "
+                                                  "series: the rounds varied)" if o["hidden"] <= -0.005 else ""))
+             + ". Phases, synchronised after each (ms): "
              + ", ".join(f"{k} {v:.1f}" for k, v in d.phase_ms.items())
              + f" = {o['phases_ms']:.1f} (data wait + copy: {o['input_phase_share']:.0%} of the synchronised step)."]
     if f.get("step_s"):
@@ -777,8 +779,8 @@ def _lever(b: _Bench, name: str, share: float, memory_limit_mb) -> dict | str:
 def _measure_levers(b: _Bench, names, memory_limit_mb, judge) -> tuple[dict, dict, tuple]:
     """The batch lever first (the verdict uses it), then the verdict, then the other levers, those on the side the
     verdict points to first, each given an equal share of the time left."""
-    skipped = {n: ("torch.compile on a CPU compiles for tens of seconds (lesson 08): add it with --levers compile "
-                   "(levers=[..., 'compile'])" if n == "compile" else "not asked for") for n in ALL_LEVERS
+    skipped = {n: ("torch.compile on a CPU compiles for tens of seconds (lesson 08): add it with `--levers compile` "
+                   "(`levers=[..., 'compile']`)" if n == "compile" else "not asked for") for n in ALL_LEVERS
                if n not in names and n != "threads"}
     measured = {}
     todo = [n for n in ALL_LEVERS if n in names]

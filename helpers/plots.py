@@ -5,6 +5,7 @@ a figure of your own, or leave it out and get a new figure. Each returns the ``A
 """
 from __future__ import annotations
 
+import re
 import textwrap
 
 import matplotlib.pyplot as plt
@@ -141,8 +142,11 @@ def training_progress(history, title: str = "Training progress", ax=None):
 
 
 def compare_bars(values: dict, *, unit: str, title: str, baseline: str | None = None, references: dict | None = None,
-                 predictions: dict | None = None, lower_is_better: bool = True, ax=None):
+                 predictions: dict | None = None, lower_is_better: bool | None = None, ax=None):
     """Bars of one figure per label, annotated with its ratio to ``baseline`` (notebook 00).
+
+    ``lower_is_better`` (None: a rate, a unit in "/s", is better higher; any other unit, lower) names the
+    direction on the y label.
 
     ``values`` maps a label ("this machine: cpu") to a number; ``references`` maps a reference
     hardware name to a dict of the same shape and is drawn hatched beside them; ``predictions`` maps a GPU name
@@ -158,11 +162,12 @@ def compare_bars(values: dict, *, unit: str, title: str, baseline: str | None = 
         bar.set_hatch("" if name == "this machine" else ".." if name.endswith(": predicted") else "//")
         bar.set_alpha(0.6 if name.endswith(": predicted") else 1.0)
     base = values.get(baseline) if baseline else None
-    notes = [ax.annotate(f"{h:.3g} {unit}" + (f"\n{h / base:.2g}×" if base else ""),
+    notes = [ax.annotate(f"{_number(h)} {unit}" + (f"\n{h / base:.2g}×" if base else ""),
                          (bar.get_x() + bar.get_width() / 2, h), ha="center", va="bottom", fontsize="small")
              for bar, h in zip(bars, heights)]
     ax.set_xticks(range(len(heights)), labels, fontsize="small")
-    ax.set_ylabel(f"{unit} ({'lower' if lower_is_better else 'higher'} is better)")
+    lower = re.search(r"/s\b", unit) is None if lower_is_better is None else lower_is_better
+    ax.set_ylabel(f"{unit} ({'lower' if lower else 'higher'} is better)")
     notes_x = ([f"× = ratio to “{baseline}”"] if base else []) + \
         ([f"dotted bars: {PREDICTED_LABEL}"] if predictions else [])
     if notes_x:  # the ratio's reference is named once, not on every bar; predicted bars are named as such
@@ -173,6 +178,12 @@ def compare_bars(values: dict, *, unit: str, title: str, baseline: str | None = 
     _fit_bar_notes(ax, notes, unit)
     _layout(ax.figure)  # again: the labels and the y limit changed
     return ax
+
+
+def _number(x: float) -> str:
+    """Three significant digits below 1,000 (0.0123, 1.23, 123), whole numbers with separators above (14,823):
+    never e-notation for the sizes a figure shows."""
+    return f"{x:,.0f}" if 1e3 <= abs(x) < 1e15 else f"{x:.3g}"
 
 
 def _fit_bar_notes(ax, notes: list, unit: str) -> None:

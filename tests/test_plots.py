@@ -242,3 +242,15 @@ def test_a_predicted_series_says_so_where_it_is_drawn():
     assert ticks[0] == "fp32" and "predicted" in ticks[1] and "T4" in ticks[1]
     assert "predicted from the datasheet, not measured" in ax.get_xlabel().replace("\n", " ")
     plt.close("all")
+
+
+def test_compare_bars_names_the_direction_from_the_unit_and_writes_thousands_plainly():
+    ax = plots.compare_bars({"a": 14_823.0, "b": 4_640.0}, unit="tokens/s", title="rate")
+    assert ax.get_ylabel() == "tokens/s (higher is better)"
+    texts = [t.get_text() for t in ax.texts]
+    assert any("14,823" in t for t in texts) and not any("e+" in t for t in texts), texts
+    ax = plots.compare_bars({"a": 4836.2, "b": 0.5}, unit="ms/step", title="time")
+    assert ax.get_ylabel() == "ms/step (lower is better)"
+    ax = plots.compare_bars({"a": 2.0}, unit="images/s", title="told", lower_is_better=True)
+    assert ax.get_ylabel() == "images/s (lower is better)"
+    plt.close("all")
