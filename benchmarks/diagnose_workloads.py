@@ -31,7 +31,7 @@ def row(name: str, script: str, budget_s: float) -> str:
     rec = "; ".join(f"{r['lever']} {r['step_speedup']:.2f}× ({r['step_low']:.2f}–{r['step_high']:.2f})"
                     for r in d.recommendations) or "nothing"
     mfu = d.floors.get("mfu_real")
-    return (f"| {name} | {d.bottleneck} | {rec} | {'' if mfu is None else f'{mfu:.0%}'} | "
+    return (f"| {name} | {d.bottleneck} | {rec} | {'' if mfu is None else f'{mfu:.1%}'} | "
             f"±{100 * d.noise.get('real step', 0):.0f} % | {took:.0f} s |")
 
 
