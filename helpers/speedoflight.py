@@ -163,6 +163,14 @@ def _datasheet_file(path: str) -> dict:
     return json.loads(Path(path).read_text())
 
 
+def _gpu_count(model, batch, device="cpu", **count_kw):
+    """``count_step`` of the step as a CUDA GPU runs it: the optimizer's foreach kernels, where a CPU runs a
+    for-loop over the parameters (``stepwork.count_step``), unless ``count_kw`` says otherwise."""
+    from .stepwork import count_step
+
+    return count_step(model, batch, device, **{"foreach": True, **count_kw})
+
+
 def _host_op_s(op_s: float | None) -> float:
     """The host's cost per operator for a prediction: ``op_s``, or this machine's CPU's measured one."""
     return measured_ceilings("cpu")["op_s"] if op_s is None else op_s
@@ -352,12 +360,11 @@ def predicted_sweep(points: dict, gpus=None, *, op_s: float | None = None, copy_
     Returns ``{"items_per_s": {gpu: {x: predicted items/s}}, "step_s": {gpu: {x: s}}, "bound": {gpu: {x: regime}},
     "skipped": {gpu: why}, "work": {x: {"flops", "bytes", "ops", "kernels"}}, "label": PREDICTED}``.
     """
-    from .stepwork import count_step
 
     op_s = _host_op_s(op_s)
     found = {"items_per_s": {}, "step_s": {}, "bound": {}, "skipped": {}, "work": {}, "label": PREDICTED}
     for x, (model, batch) in points.items():
-        work = count_step(model, batch, "cpu", **{"foreach": True, **count_kw})  # the optimizer as on a GPU
+        work = _gpu_count(model, batch, "cpu", **count_kw)
         found["work"][x] = {k: getattr(work, k) for k in ("flops", "bytes", "ops", "kernels", "items")}
         for gpu, p in predict_gpus(work, gpus, op_s=op_s, copy_batch=copy_batch).items():
             if "skipped" in p:
@@ -438,7 +445,6 @@ def predicted_training(make_model, batch, *, images: int, epochs: int = 1, amp: 
     times longer to run the step in fp16 than to count it in bf16. ``input_items_per_s``: the input pipeline's rate as measured
     here; an epoch takes at least ``images / input_items_per_s`` and ``bound`` says ``"input"`` when that binds.
     """
-    from .stepwork import count_step
 
     sheet, works, found, gpus = datasheet(), {}, {}, gpus_here(gpus)
     steps = -(-images // int(batch[-1].shape[0]))
@@ -447,7 +453,7 @@ def predicted_training(make_model, batch, *, images: int, epochs: int = 1, amp: 
         for need in (["bfloat16"] if dtype == "float16" else []) + [dtype]:
             if need not in works:  # fp16: the bf16 count, relabelled (see the docstring)
                 works[need] = _relabelled(works["bfloat16"], "bfloat16", "float16") if need == "float16" else \
-                    count_step(make_model(), batch, "cpu", amp=need or False, **{"foreach": True, **count_kw})
+                    _gpu_count(make_model(), batch, "cpu", amp=need or False, **count_kw)
         p = predict_gpus(works[dtype], (gpu,), op_s=op_s)[gpu]
         if "skipped" in p:
             found[gpu] = p
@@ -487,7 +493,6 @@ def check_predictions(cases: dict, device="cpu", *, ceilings: dict | None = None
     "measured_s", "ratio" (measured / predicted), "bound", "gpus"}}``, ``gpus`` holding the same counts predicted on
     each datasheet GPU (``predict_gpus``). Nothing is fitted: the ceilings are measured once.
     """
-    import copy
 
     from .stepwork import count_fn, count_step
     from .timing import time_fn, time_train_step
@@ -503,10 +508,8 @@ def check_predictions(cases: dict, device="cpu", *, ceilings: dict | None = None
             measured = time_fn(lambda: fn(*args), device, min_run_time=min_run_time).median_s
         else:
             model, batch = case.pop("model"), case.pop("batch")
-            work = count_step(copy.deepcopy(model), batch, device, **case)
-            # the datasheet GPUs run the optimizer's foreach kernels (stepwork.count_step): counted so, off a CPU
-            gpu_work = work if torch.device(device).type == "cuda" else count_step(
-                copy.deepcopy(model), batch, device, **{"foreach": True, **case})
+            work = count_step(model, batch, device, **case)  # counts on a copy: model stays untrained
+            gpu_work = work if torch.device(device).type == "cuda" else _gpu_count(model, batch, device, **case)
             options = {k: v for k, v in case.items() if k in ("optimizer", "amp", "host_inputs", "channels_last")}
             if isinstance(options.get("optimizer"), type):  # a class: time_train_step wants an instance
                 options["optimizer"] = options["optimizer"](model.parameters(), lr=0.01)

@@ -15,10 +15,10 @@ the step ``fit`` takes and ``helpers.timing.time_train_step`` times) under two d
   matrix-engine work that model FLOPs utilisation (MFU) divides by a peak.
 - A mode of our own sees every ATen operator as it is dispatched and adds up, per operator, the bytes of the tensors
   it reads and writes (each input read once, each output written once: a destination that is only written, an
-  ``out=`` argument or the target of ``copy_``, counts once; an in-place update reads and writes), how many operators
-  run, and the bytes copied host→device. The byte count is what an *unfused* eager step moves: an upper bound on what a fused program
-  needs (``torch.compile`` keeps intermediates in registers, notebook 08), and a lower bound for each operator as
-  run (a kernel that re-reads its inputs, like a tiled convolution, moves more).
+  ``out=`` argument or the target of ``copy_``, counts once; an in-place update reads and writes), how many
+  operators run, and the bytes copied host→device. The byte count is what an *unfused* eager step moves: an upper
+  bound on what a fused program needs (``torch.compile`` keeps intermediates in registers, notebook 08), and a
+  lower bound for each operator as run (a kernel that re-reads its inputs, like a tiled convolution, moves more).
 
 Counting costs time (a Python call per operator): count once per run, outside any timed region.
 """
@@ -164,13 +164,12 @@ def _reads_and_writes(func, packet, args, kwargs) -> tuple:
     argument, the ``self`` of ``copy_``/``fill_``/``zero_``) is not read; an in-place update (``add_``, the
     ``_foreach_*_`` operators, which return nothing) reads and writes its ``self``."""
     schema, skip = func._schema.arguments, _WRITE_ONLY.get(packet)
-    by_name = {a.name: a for a in schema}
     written = [a.name for a in schema if a.alias_info is not None and a.alias_info.is_write]
     outs = {a.name for a in schema if a.is_out}
     reads = (tuple(v for i, v in enumerate(args) if i != skip and not (i < len(schema) and schema[i].is_out)),
              {k: v for k, v in kwargs.items() if k not in outs})
     writes = [v for i, v in enumerate(args) if i < len(schema) and schema[i].name in written]
-    writes += [v for k, v in kwargs.items() if k in by_name and k in written]
+    writes += [v for k, v in kwargs.items() if k in written]
     return reads, writes
 
 
