@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from .results import project_root
+from .results import project_root, shown_path
 
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
@@ -63,7 +63,7 @@ def _read_image_folder(split_dir: Path, per_class: int | None) -> ImageSet:
     if len(sizes) != 1:
         raise ValueError(f"{split_dir}: images differ in size ({sorted(sizes)[:3]}); resize them to one size first")
     return ImageSet(torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).contiguous(),
-                    torch.tensor(labels, dtype=torch.int64), classes, f"image folder {split_dir}")
+                    torch.tensor(labels, dtype=torch.int64), classes, f"image folder {shown_path(split_dir)}")
 
 
 def _first_per_class(labels: torch.Tensor, per_class: int | None) -> torch.Tensor:
@@ -304,6 +304,6 @@ def image_files(cifar10_dir, per_class: int, scratch: Path) -> tuple[FileImageDa
         mine = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)[:per_class]
         files += mine
         labels += [label] * len(mine)
-    source = (f"CIFAR-10 image files in {root}" if tree else
-              f"synthetic PNG files in {root} (no CIFAR-10 image folder here)")
+    source = (f"CIFAR-10 image files in {shown_path(root)}" if tree else
+              f"synthetic PNG files in {shown_path(root)} (no CIFAR-10 image folder here)")
     return FileImageDataset(files, labels, cifar10_transform(train=True)), source

@@ -98,8 +98,7 @@ class Lesson:
         """Record the notebook's headline results with the hardware, mode and device (``build/results``)."""
         path = results.save_results(self.notebook, record, quick=self.quick, device=str(self.device),
                                     hardware=self.hardware, budget_s=self.budget_s)
-        root = results.project_root()
-        print("recorded:", path.relative_to(root) if path.is_relative_to(root) else path)  # not this machine's paths
+        print("recorded:", results.shown_path(path))  # not this machine's folders
         return path
 
     def reference_names(self) -> str:

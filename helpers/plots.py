@@ -11,6 +11,7 @@ import textwrap
 import matplotlib.pyplot as plt
 from matplotlib import ticker
 from matplotlib.layout_engine import PlaceHolderLayoutEngine
+from matplotlib.transforms import Bbox
 
 
 def _axes(ax, figsize, ncols: int = 1):
@@ -50,19 +51,28 @@ def _wrap(text: str, width: int) -> str:
                      for line in str(text).split("\n"))
 
 
+def _suptitle(fig, title: str) -> None:
+    """A title over the whole figure, at the size of an axes title (not smaller: the site shows figures scaled to
+    its column), broken into lines that fit the figure's width."""
+    size = plt.rcParams["axes.titlesize"]
+    text = fig.suptitle(title, fontsize=size)
+    text.set_text(_wrap(title, int(fig.get_figwidth() * 72 * 0.95 / (0.55 * text.get_fontsize()))))
+
+
 def _chars(ax, fontsize: float, share: float = 1.0) -> int:
     """How many characters of ``fontsize`` points fit across ``share`` of the axes' width."""
     width_pt = ax.get_position().width * ax.figure.get_figwidth() * 72 * share
     return int(width_pt / (0.55 * fontsize))
 
 
-def _overlap(texts) -> bool:
-    """Whether any two of these texts' rendered extents overlap (the figure is drawn to measure them)."""
+def _overlap(texts, gap: float = 0.0) -> bool:
+    """Whether any two of these texts' rendered extents overlap, or come closer than ``gap`` pixels (the figure
+    is drawn to measure them)."""
     texts = [t for t in texts if t.get_visible() and t.get_text()]
     if len(texts) < 2:
         return False
     renderer = texts[0].figure.canvas.get_renderer()
-    boxes = [t.get_window_extent(renderer).padded(-0.5) for t in texts]
+    boxes = [t.get_window_extent(renderer).padded(gap / 2 if gap else -0.5) for t in texts]
     return any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
 
 
@@ -89,11 +99,12 @@ def _fit_xticklabels(ax) -> None:
     ax.tick_params(axis="x", labelrotation=90)
 
 
-def _shrink_to_fit(texts, smallest: float = 5.0) -> None:
-    """Make these texts smaller (down to ``smallest`` points) until none overlaps another."""
+def _shrink_to_fit(texts, smallest: float = 5.0, gap: float = 0.0) -> None:
+    """Make these texts smaller (down to ``smallest`` points) until none overlaps another, or comes closer than
+    ``gap`` pixels."""
     texts = list(texts)
     _measured(texts[0].figure) if texts else None
-    while texts and _overlap(texts) and texts[0].get_fontsize() > smallest:
+    while texts and _overlap(texts, gap) and texts[0].get_fontsize() > smallest:
         for t in texts:
             t.set_fontsize(t.get_fontsize() * 0.85)
         _measured(texts[0].figure)
@@ -107,6 +118,14 @@ def _plain_log_ticks(axis) -> None:
     axis.set_major_locator(ticker.LogLocator(base=10, subs=(1, 2, 5)))
     axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 100 else f"{v:g}"))
     axis.set_minor_formatter(ticker.NullFormatter())
+
+
+def _whole_number_ticks(axis, values) -> None:
+    """An axis whose values are all whole numbers (threads, workers, epochs) ticks at whole numbers only: no 1.25
+    threads."""
+    values = [float(v) for v in values]
+    if values and all(v.is_integer() for v in values):
+        axis.set_major_locator(ticker.MaxNLocator(integer=True))
 
 
 def _sorted_points(points: dict) -> tuple[list, list]:
@@ -186,14 +205,17 @@ def _number(x: float) -> str:
     return f"{x:,.0f}" if 1e3 <= abs(x) < 1e15 else f"{x:.3g}"
 
 
+BAR_NOTE_GAP = 10.0  # pixels between neighbouring bars' numbers (a character and a half): closer, they read as one
+
+
 def _fit_bar_notes(ax, notes: list, unit: str) -> None:
     """Bar annotations: without the unit (the y label has it) where they collide, smaller if they still do, and
     inside the axes (the y limit raised), clear of the title."""
     _measured(ax.figure)
-    if _overlap(notes):
+    if _overlap(notes, BAR_NOTE_GAP):
         for t in notes:
             t.set_text(t.get_text().replace(f" {unit}", "", 1))
-    _shrink_to_fit(notes)
+    _shrink_to_fit(notes, gap=BAR_NOTE_GAP)
     _room_above(ax, notes)
 
 
@@ -246,6 +268,8 @@ def compare_lines(series: dict, *, xlabel: str, ylabel: str, title: str, referen
         ax.set_xscale("log", base=2)
         if ax.get_xlim()[1] <= 5000:  # batch sizes read as numbers (1, 2, 4, …, 4096), not as powers of 2
             ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    else:
+        _whole_number_ticks(ax.xaxis, [x for line in ax.get_lines() for x in line.get_xdata()])
     if logy:
         ax.set_yscale("log")
         _plain_log_ticks(ax.yaxis)
@@ -289,13 +313,17 @@ def confusion_matrix(confusion, classes: list, *, title: str, ax=None, xlabel: s
     return ax
 
 
+_DEVICE_COLOURS = ["C0", "C2", "C3", "C4", "C5", "C6", "C8", "C9"]  # the default cycle without orange (C1) and grey
+
+
 def phase_bar(phase_ms: dict, *, title: str, ax=None, host_marker: str = "CPU"):
-    """One horizontal bar split into the phases of a step, host phases in orange (notebook 04)."""
+    """One horizontal bar split into the phases of a step, host phases (``host_marker`` in their name) in orange,
+    the others in colours that are never orange (notebook 04)."""
     ax = _axes(ax, (10, 1.9))
     left, total = 0.0, sum(phase_ms.values())
     names = []
     for i, (name, ms) in enumerate(phase_ms.items()):
-        ax.barh(0, ms, left=left, color="tab:orange" if host_marker in name else f"C{i}", edgecolor="k")
+        ax.barh(0, ms, left=left, color="tab:orange" if host_marker in name else _DEVICE_COLOURS[i % 8], edgecolor="k")
         names.append(ax.text(left + ms / 2, 0, f"{name}\n{ms:.1f} ms", ha="center", va="center", fontsize="x-small"))
         left += ms
     ax.set_yticks([])
@@ -353,7 +381,7 @@ def image_grid(images, titles: list | None = None, *, title: str = "", ncols: in
             if titles:
                 a.set_title(_wrap(titles[i], _chars(a, 8)), fontsize="small")
     if title:
-        flat[0].figure.suptitle(title, fontsize="small")
+        _suptitle(flat[0].figure, title)
     _layout(flat[0].figure)
     _shrink_to_fit([a.title for a in flat if a.get_title()])
     return ax
@@ -397,9 +425,11 @@ def recipe_histories(runs: dict, *, title: str = "", minutes: bool = False, ax=N
     ax[1].set_ylabel("learning rate at epoch end")
     for a in ax:
         a.set_xlabel("minutes of training" if minutes else "epoch")
+        if not minutes:
+            _whole_number_ticks(a.xaxis, [x for line in a.get_lines() for x in line.get_xdata()])
         _finish(a)
     if title:
-        ax[0].figure.suptitle(title, fontsize="small")
+        _suptitle(ax[0].figure, title)
         _layout(ax[0].figure)  # again, now that the title takes room
     return ax
 
@@ -512,23 +542,40 @@ def memory_search(trials: dict, *, limit_mb: float | None, title: str, ax=None):
         ax.axhline(limit_mb, color="C3", ls="--", label=f"limit {limit_mb:.0f} MB")
         ax.plot(failed, [limit_mb] * len(failed), "x", color="C3", ms=10, mew=2,
                 label="torch.OutOfMemoryError (recovered)")
-    order = [ax.annotate(str(i + 1), (int(b), trials[b] if trials[b] is not None else limit_mb), xytext=(4, 4),
-                         textcoords="offset points", fontsize="x-small")
+    order = [ax.annotate(str(i + 1), (int(b), trials[b] if trials[b] is not None else limit_mb), xytext=(0, 7),
+                         textcoords="offset points", fontsize="x-small", ha="center")
              for i, b in enumerate(trials) if trials[b] is not None or limit_mb is not None]
     ax.set_xlabel("batch size (images); numbers: order of the trials")
     ax.set_ylabel("peak memory of one step (MB)")
     _finish(ax, title)
-    _unstack(order)
+    _unstack(order, _marker_boxes(ax))
     _room_above(ax, order)
     return ax
 
 
-def _unstack(notes: list) -> None:
-    """Point labels that would cover earlier ones are lifted, a line at a time, until they are clear."""
+def _marker_boxes(ax) -> list:
+    """The extent in pixels of every marker the axes' lines draw (a label written over one hides it)."""
+    _measured(ax.figure)
+    boxes = []
+    for line in ax.get_lines():
+        if line.get_marker() in (None, "None", "", " "):
+            continue
+        half = line.get_markersize() * ax.figure.dpi / 72 / 2 + line.get_markeredgewidth()
+        for x, y in ax.transData.transform(line.get_xydata()):
+            boxes.append(Bbox.from_extents(x - half, y - half, x + half, y + half))
+    return boxes
+
+
+def _unstack(notes: list, avoid: list = ()) -> None:
+    """Point labels that would cover earlier ones (or any box in ``avoid``: markers) are lifted, a line at a time,
+    until they are clear."""
     if notes:
         _measured(notes[0].figure)
+    renderer = notes[0].figure.canvas.get_renderer() if notes else None
     for k, note in enumerate(notes):
-        for _ in range(12):
-            if not any(_overlap([note, earlier]) for earlier in notes[:k]):
+        for _ in range(12):  # a gap of 2 px to the earlier labels, so that "7", "9" do not read as "79"
+            box = note.get_window_extent(renderer)
+            if not any(box.padded(2).overlaps(e.get_window_extent(renderer)) for e in notes[:k]) and \
+                    not any(box.padded(-0.5).overlaps(m) for m in avoid):
                 break
             note.xyann = (note.xyann[0], note.xyann[1] + 0.9 * note.get_fontsize())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 
 import torch
 import torch._dynamo
@@ -85,7 +86,8 @@ def _first_call_seconds(step, device) -> float:
     import torch._inductor.config
 
     cold = {"force_disable_caches": True} if hasattr(torch._inductor.config, "force_disable_caches") else {}
-    with torch._inductor.config.patch(cold):
+    with torch._inductor.config.patch(cold), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="dynamo_pgo force disabled")  # what ``cold`` asked for
         synchronize(device)
         t0 = time.perf_counter()
         step()

@@ -29,6 +29,14 @@ def project_root() -> Path:
     return Path(__file__).resolve().parent.parent
 
 
+def shown_path(path) -> str:
+    """``path`` as pages and messages show it: from the course folder when it lies inside it (``build/…``: the same
+    on every machine, and the published site names no builder's folders), else in full."""
+    path, root = Path(path), project_root()
+    resolved = path.resolve() if path.is_absolute() else (Path.cwd() / path).resolve()
+    return str(resolved.relative_to(root)) if resolved.is_relative_to(root) else str(path)
+
+
 def build_dir() -> Path:
     """Where runs write (work folders, traces): ``$COURSE_BUILD_DIR`` if set, else ``<root>/build`` (notebook 00).
 

@@ -21,7 +21,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .devices import cpu_bf16_native, pick_device
-from .results import atomic_write
+from .results import atomic_write, shown_path
 
 CHECKPOINT_FORMAT = "helpers.training/1"
 
@@ -257,7 +257,7 @@ def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
     """Load a checkpoint with ``weights_only=True``; raise ``CheckpointError`` with the fix if unusable."""
     path = Path(path)
     if not path.exists():
-        raise CheckpointError(f"no checkpoint at {path}")
+        raise CheckpointError(f"no checkpoint at {shown_path(path)}")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -265,16 +265,17 @@ def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
         what = (f"it asks to call or build {found.group(1)}" if found
                 else "it holds objects other than tensors and plain data")
         raise CheckpointError(
-            f"refused to load {path}: {what}. Loading it with weights_only=False would run code from the file; "
-            "only do that for files you wrote yourself."
+            f"refused to load {shown_path(path)}: {what}. Loading it with weights_only=False would run code from "
+            "the file; only do that for files you wrote yourself."
         ) from None
     except Exception as exc:  # truncated zip, bad magic number, short read ...
         prev = previous_path(path)
         hint = (f" The previous checkpoint {prev.name} is intact: rename it to {path.name} to resume from it."
                 if prev.exists() else " Delete it to start over.")
-        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({type(exc).__name__}).{hint}") from None
+        raise CheckpointError(f"checkpoint {shown_path(path)} is truncated or corrupt ({type(exc).__name__})."
+                              f"{hint}") from None
     if not isinstance(state, dict):
-        raise CheckpointError(f"{path} is not a checkpoint written by helpers.training")
+        raise CheckpointError(f"{shown_path(path)} is not a checkpoint written by helpers.training")
     return state
 
 
@@ -411,7 +412,7 @@ class _Loop:
         # the optimizer state onto the device of the parameters they belong to.
         state = load_checkpoint(path, map_location="cpu")
         if state.get("format") != CHECKPOINT_FORMAT:
-            raise CheckpointError(f"{path} was not written by helpers.training.fit; cannot resume from it")
+            raise CheckpointError(f"{shown_path(path)} was not written by helpers.training.fit; cannot resume from it")
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and state["scheduler"] is not None:

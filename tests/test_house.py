@@ -132,3 +132,19 @@ def test_notebook_times_come_from_measurements():
         line = next((ln for ln in header.splitlines() if ln.startswith("**Time:**")), "")
         assert "README" in line and not re.search(r"\d+\s*(s|min|seconds|minutes)\b", line), \
             f"{path.name}: the Time line must point at the measured course map, not estimate: {line!r}"
+
+
+def _markdown(path: Path) -> list[str]:
+    return ["".join(c["source"]) for c in json.loads(path.read_text(encoding="utf-8"))["cells"]
+            if c["cell_type"] == "markdown"]
+
+
+def test_every_lesson_ends_by_naming_the_next_one():
+    """One form on every page: the last line is "**Next:** [<the next lesson's own title>](<its file>)."; the last
+    lesson leads back to the course map."""
+    lessons = [p for p in NOTEBOOKS if re.match(r"\d\d_", p.name)]
+    for here, there in zip(lessons, lessons[1:]):
+        title = _markdown(there)[0].split("\n")[0].removeprefix("# ").strip()
+        last = _markdown(here)[-1].rstrip().split("\n")[-1]
+        assert last == f"**Next:** [{title}]({there.name}).", f"{here.name} ends with {last!r}"
+    assert _markdown(lessons[-1])[-1].rstrip().endswith("**Next:** back to the [course map](../README.md#course-map).")

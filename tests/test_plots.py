@@ -254,3 +254,98 @@ def test_compare_bars_names_the_direction_from_the_unit_and_writes_thousands_pla
     ax = plots.compare_bars({"a": 2.0}, unit="images/s", title="told", lower_is_better=True)
     assert ax.get_ylabel() == "images/s (lower is better)"
     plt.close("all")
+
+
+def texts_over_markers(fig, tolerance_px: float = 1.0) -> list:
+    """(text, marker centre) where a drawn text covers a marker some line draws: the reader loses the point."""
+    texts, pairs = drawn_texts(fig), []
+    for ax in fig.axes:
+        for line in ax.get_lines():
+            if line.get_marker() in (None, "None", "", " "):
+                continue
+            half = line.get_markersize() * fig.dpi / 72 / 2
+            for x, y in ax.transData.transform(line.get_xydata()):
+                for text, box in texts:
+                    if min(box.x1, x + half) - max(box.x0, x - half) > tolerance_px and \
+                            min(box.y1, y + half) - max(box.y0, y - half) > tolerance_px:
+                        pairs.append((text, (round(x), round(y))))
+    return pairs
+
+
+LESSON_09_TRIALS = {8: 5.6, 16: 11.2, 32: 21.5, 64: None, 48: 32.0, 56: 37.2, 60: 39.8, 62: None, 61: None}
+
+
+@pytest.mark.parametrize("trials", [LESSON_09_TRIALS, {b: (None if b > 700 else 20.0 + b) for b in
+                                                       [64, 128, 256, 512, 1024, 768, 640, 704, 736, 720, 712, 716]}])
+def test_memory_search_numbers_cover_neither_each_other_nor_the_points(trials):
+    limit = 40.0 if trials is LESSON_09_TRIALS else 740.0
+    ax = plots.memory_search(trials, limit_mb=limit, title="Searching the largest batch under the limit")
+    assert overlapping_texts(ax.figure) == [] and texts_over_markers(ax.figure) == []
+    plt.close("all")
+
+
+def test_the_marker_check_can_fail():
+    fig, ax = plt.subplots(figsize=(3, 2))
+    ax.plot([1, 2], [1, 2], "o", ms=10)
+    ax.annotate("1", (1, 1), ha="center", va="center")
+    assert texts_over_markers(fig) == [("1", texts_over_markers(fig)[0][1])]
+    plt.close(fig)
+
+
+def test_phase_bar_keeps_orange_for_the_host_phases():
+    names = ["load + augment (CPU)", "copy to device", "forward (device)", "backward (device)", "optimizer (device)",
+             "log loss (CPU)"]
+    ax = plots.phase_bar(dict(zip(names, [19.0, 0.1, 41.0, 45.0, 0.5, 0.1])), title="One training step")
+    colours = [tuple(p.get_facecolor()) for p in ax.patches]
+    host = [c for n, c in zip(names, colours) if "(CPU)" in n]
+    device = [c for n, c in zip(names, colours) if "(CPU)" not in n]
+    assert len(set(host)) == 1 and host[0] not in device and len(set(device)) == len(device), colours
+    plt.close("all")
+
+
+def _tick_values(axis) -> list:
+    low, high = axis.get_view_interval()
+    return [t for t in axis.get_majorticklocs() if low - 1e-9 <= t <= high + 1e-9]
+
+
+def test_counts_tick_at_whole_numbers_only():
+    """Threads (02), workers (05) and epochs (07) are counted: an axis of them never ticks at 1.25."""
+    axes = [plots.scaling({1: 1.0, 2: 1.7}, label="CPU processes", title="Speed-up").xaxis,
+            plots.compare_lines({"matmul": {1: 1.0, 2: 1.9}}, xlabel="CPU threads", ylabel="×", title="Threads",
+                                logx=False).xaxis]
+    h = _long_history(epochs=3).state_dict()
+    axes += [a.xaxis for a in plots.recipe_histories({"a": h, "b": h}, title="Three epochs")]
+    for axis in axes:
+        ticks = _tick_values(axis)
+        assert len(ticks) >= 2 and all(float(t).is_integer() for t in ticks), ticks
+    fractional = plots.compare_lines({"x": {0.5: 1.0, 1.5: 2.0}}, xlabel="s", ylabel="y", title="t", logx=False)
+    assert not all(float(t).is_integer() for t in _tick_values(fractional.xaxis))  # measured x values keep theirs
+    plt.close("all")
+
+
+def test_a_figure_title_is_as_large_as_an_axes_title_and_fits_the_figure():
+    h = _long_history(epochs=3).state_dict()
+    axes = plots.recipe_histories({"a": h}, title="1000 training images (image folder build/cifar10-jpg/CIFAR-10-"
+                                                  "images/train), 3 epochs, ConvBlockNet — cpu-intel-xeon-processor-2t")
+    fig = axes[0].figure
+    title = fig._suptitle
+    assert title.get_fontsize() >= axes[0].title.get_fontsize()
+    fig.canvas.draw()
+    box = title.get_window_extent(fig.canvas.get_renderer())
+    assert box.x0 >= 0 and box.x1 <= fig.bbox.width, (box, fig.bbox.width)
+    plt.close("all")
+
+
+def test_neighbouring_bar_numbers_keep_a_gap():
+    """Lesson 11's attention chart: six bars whose numbers all but touched ("0.758 peak MB1 peak MB")."""
+    values = {"hand-written\nT=64": 0.758, "math\nT=64": 1.0, "flash_attention\nT=64": 0.66,
+              "hand-written\nT=256": 12.1, "math\nT=256": 13.0, "flash_attention\nT=256": 2.77}
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 3.8))  # as lesson 11 draws it
+    plots.compare_bars(values, unit="ms", title="Causal attention, cpu", ax=left)
+    ax = plots.compare_bars(values, unit="peak MB", title="Causal attention, cpu", ax=right)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    boxes = sorted((t.get_window_extent(renderer) for t in ax.texts if t.get_visible()), key=lambda b: b.x0)
+    gaps = [b.x0 - a.x1 for a, b in zip(boxes, boxes[1:]) if min(a.y1, b.y1) > max(a.y0, b.y0)]
+    assert gaps and all(g >= 9 for g in gaps), gaps  # a character and a half at 100 dpi
+    plt.close("all")

@@ -1,6 +1,7 @@
 """Unit tests of helpers.results: results files, reference results and the run report."""
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -73,3 +74,11 @@ def test_work_dir_is_per_process_and_cleans_up_finished_runs(tmp_path, monkeypat
     assert path == tmp_path / "build" / "work" / "nb" / f"run-{os.getpid()}" and path.is_dir()
     assert not stale.exists()
     assert results.work_dir("nb") == path  # the same run keeps its folder
+
+
+def test_shown_path_names_no_folder_of_this_machine_inside_the_course(tmp_path, monkeypatch):
+    root = results.project_root()
+    assert results.shown_path(root / "build" / "traces" / "t.json") == "build/traces/t.json"
+    monkeypatch.chdir(root / "notebooks")  # JupyterLab's working directory: a relative path resolves from there
+    assert results.shown_path(Path("../build/work/x.pt")) == "build/work/x.pt"
+    assert results.shown_path(tmp_path / "elsewhere.pt") == str(tmp_path / "elsewhere.pt")
