@@ -47,7 +47,7 @@ def _layout(fig) -> None:
 
 def _wrap(text: str, width: int) -> str:
     """``text`` broken at spaces into lines of at most ``width`` characters (its own line breaks kept)."""
-    return "\n".join(textwrap.fill(line, max(width, 6), break_long_words=False) or line
+    return "\n".join(textwrap.fill(line, max(width, 6), break_long_words=False, break_on_hyphens=False) or line
                      for line in str(text).split("\n"))
 
 

@@ -349,3 +349,11 @@ def test_neighbouring_bar_numbers_keep_a_gap():
     gaps = [b.x0 - a.x1 for a, b in zip(boxes, boxes[1:]) if min(a.y1, b.y1) > max(a.y0, b.y0)]
     assert gaps and all(g >= 9 for g in gaps), gaps  # a character and a half at 100 dpi
     plt.close("all")
+
+
+def test_titles_break_at_spaces_never_inside_a_machine_name():
+    ax = plots.compare_bars({"a": 1.0, "b": 2.0}, unit="ms", title="Timing one 256×256 matmul on cpu — "
+                                                                  "cpu-intel-xeon-processor-2t", ax=_small(size=(6, 3)))
+    lines = ax.get_title().split("\n")  # lesson 02 showed "… on cpu — cpu-intel-xeon-" / "processor-2t"
+    assert len(lines) > 1 and "cpu-intel-xeon-processor-2t" in lines[-1], lines
+    plt.close("all")
