@@ -116,10 +116,13 @@ def setup(notebook: str, quick: bool, device: str, *, needs: str | None = "gpu",
       reference results that the figures will show instead (``note`` adds the lesson's own sentence);
     - ``budget_s`` (a notebook parameter) bounds the notebook's longest work through ``Lesson.within_budget``;
     - ``predicts``: the lesson's GPU sections show predictions from the GPU datasheet where no reference exists
-      (``helpers.speedoflight``), and the notice says so.
+      (``helpers.speedoflight``), and the notice says so;
+    - without CUDA, ``KINETO_LOG_LEVEL`` defaults to 6 (silent): the profiler's own log lines are noise there.
     """
     quick, device = course_parameters(quick, device)
     dev = devices.make_current(devices.pick_device(device))
+    if not torch.cuda.is_available():  # the profiler's C++ side (Kineto) prints its start, its stop and "ERROR …
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # gpuGetDeviceCount failed" on a machine with no CUDA: noise
     lesson = Lesson(notebook, quick, dev, devices.describe(), results.load_reference(notebook), budget_s)
     if budget_s is not None:
         print(f"time budget: {budget_s:.0f} s for this notebook (make gpu-check); what is sized to fit it says so")

@@ -1,10 +1,15 @@
 """Unit tests of helpers.course (the notebook preamble, size tables, exercise checks, show_source)."""
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from helpers import course
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_setup_applies_the_environment_and_reports_missing_gpu(monkeypatch, capsys):
@@ -142,3 +147,18 @@ def test_solution_is_shown_not_run_unless_asked(tmp_path, monkeypatch):
     monkeypatch.setenv("COURSE_RUN_SOLUTIONS", "1")  # what make test sets: CI proves every solution
     course.solution("99_demo", 2)
     assert answer == "two"
+
+
+def test_the_profiler_prints_no_log_lines_on_a_machine_without_cuda():
+    """Kineto printed "USDT … profiler_start" and "ERROR … gpuGetDeviceCount failed" under every profiled cell of a
+    CPU-only run (lessons 03 and 09 on the site): setup() silences it there, unless the learner set the level."""
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA machine keeps Kineto's messages (they can matter there)")
+    code = ("import os; os.environ.pop('KINETO_LOG_LEVEL', None)\n"
+            "from helpers.course import setup\n"
+            "setup('09_profiler_and_memory', True, 'cpu', needs=None)\n"
+            "import torch\nfrom torch.profiler import ProfilerActivity, profile\n"
+            "with profile(activities=[ProfilerActivity.CPU]):\n    torch.randn(8).sum()\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert run.returncode == 0, run.stderr[-800:]
+    assert "USDT" not in run.stderr and "ERROR" not in run.stderr, run.stderr[-800:]
