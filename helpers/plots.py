@@ -45,9 +45,15 @@ def _layout(fig) -> None:
         fig.tight_layout()
 
 
+_GLUE = re.compile(r"(?<=\d) (?=[A-Za-zµ%×])|(?<=[A-Za-z:]) (?=\d)")  # "14.6 ms", "batch 32": kept on one line
+
+
 def _wrap(text: str, width: int) -> str:
-    """``text`` broken at spaces into lines of at most ``width`` characters (its own line breaks kept)."""
-    return "\n".join(textwrap.fill(line, max(width, 6), break_long_words=False, break_on_hyphens=False) or line
+    """``text`` broken at spaces into lines of at most ``width`` characters (its own line breaks kept): never
+    inside a hyphenated name (cpu-intel-xeon-processor-2t), between a number and its unit or a word and its
+    number ("batch 32")."""
+    return "\n".join((textwrap.fill(_GLUE.sub("\0", line), max(width, 6), break_long_words=False,
+                                     break_on_hyphens=False) or line).replace("\0", " ")
                      for line in str(text).split("\n"))
 
 
@@ -181,7 +187,7 @@ def compare_bars(values: dict, *, unit: str, title: str, baseline: str | None = 
         bar.set_hatch("" if name == "this machine" else ".." if name.endswith(": predicted") else "//")
         bar.set_alpha(0.6 if name.endswith(": predicted") else 1.0)
     base = values.get(baseline) if baseline else None
-    notes = [ax.annotate(f"{_number(h)} {unit}" + (f"\n{h / base:.2g}×" if base else ""),
+    notes = [ax.annotate(f"{_number(h)} {unit}" + (f"\n{_ratio(h / base)}" if base else ""),
                          (bar.get_x() + bar.get_width() / 2, h), ha="center", va="bottom", fontsize="small")
              for bar, h in zip(bars, heights)]
     ax.set_xticks(range(len(heights)), labels, fontsize="small")
@@ -197,6 +203,12 @@ def compare_bars(values: dict, *, unit: str, title: str, baseline: str | None = 
     _fit_bar_notes(ax, notes, unit)
     _layout(ax.figure)  # again: the labels and the y limit changed
     return ax
+
+
+def _ratio(r: float) -> str:
+    """A ratio with two decimals from 0.1 to 10 (1.00×, 0.95×, 2.43×: the same form side by side), else three
+    significant digits (0.0123×, 13.9×)."""
+    return f"{r:.2f}×" if 0.1 <= abs(r) < 10 else f"{r:.3g}×"
 
 
 def _number(x: float) -> str:
@@ -314,6 +326,7 @@ def confusion_matrix(confusion, classes: list, *, title: str, ax=None, xlabel: s
 
 
 _DEVICE_COLOURS = ["C0", "C2", "C3", "C4", "C5", "C6", "C8", "C9"]  # the default cycle without orange (C1) and grey
+_HOST_HATCHES = ["", "//", "..", "xx"]
 
 
 def phase_bar(phase_ms: dict, *, title: str, ax=None, host_marker: str = "CPU"):
@@ -321,10 +334,15 @@ def phase_bar(phase_ms: dict, *, title: str, ax=None, host_marker: str = "CPU"):
     the others in colours that are never orange (notebook 04)."""
     ax = _axes(ax, (10, 1.9))
     left, total = 0.0, sum(phase_ms.values())
-    names = []
+    names, hosts = [], 0
     for i, (name, ms) in enumerate(phase_ms.items()):
-        ax.barh(0, ms, left=left, color="tab:orange" if host_marker in name else _DEVICE_COLOURS[i % 8], edgecolor="k")
-        names.append(ax.text(left + ms / 2, 0, f"{name}\n{ms:.1f} ms", ha="center", va="center", fontsize="x-small"))
+        host = host_marker in name  # host phases: orange, told apart by their hatch
+        ax.barh(0, ms, left=left, color="tab:orange" if host else _DEVICE_COLOURS[i % 8], edgecolor="k",
+                hatch=_HOST_HATCHES[hosts % 4] if host else "")
+        hosts += host
+        clear = {"facecolor": "white", "alpha": 0.7, "lw": 0, "pad": 1} if host and hosts > 1 else None  # on hatch
+        names.append(ax.text(left + ms / 2, 0, f"{name}\n{ms:.1f} ms", ha="center", va="center", fontsize="small",
+                             bbox=clear))
         left += ms
     ax.set_yticks([])
     ax.set_xlim(0, total)
@@ -361,7 +379,7 @@ def _label_segments(ax, texts: list, widths: list) -> None:
             if t.get_window_extent(renderer).width > room:
                 t.set_visible(False)
     if missing:
-        ax.legend(*zip(*missing), fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        ax.legend(*zip(*missing), fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
         _layout(ax.figure)
 
 
@@ -440,7 +458,7 @@ def float_formats(ax=None):
     import torch
 
     ax = _axes(ax, (8, 3.6))
-    x = np.logspace(-10, 40, 600)
+    x = np.logspace(-40, 40, 1601)  # wide enough for fp32's and bf16's whole normal range (1.2e-38 … 3.4e38)
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         f = torch.finfo(dtype)
         ok = (x >= f.smallest_normal) & (x <= f.max)

@@ -300,6 +300,8 @@ def test_phase_bar_keeps_orange_for_the_host_phases():
     host = [c for n, c in zip(names, colours) if "(CPU)" in n]
     device = [c for n, c in zip(names, colours) if "(CPU)" not in n]
     assert len(set(host)) == 1 and host[0] not in device and len(set(device)) == len(device), colours
+    hatches = [p.get_hatch() for n, p in zip(names, ax.patches) if "(CPU)" in n]
+    assert len(set(hatches)) == len(hatches), f"two host phases look alike: {hatches}"  # 04's legend could not tell
     plt.close("all")
 
 
@@ -356,4 +358,26 @@ def test_titles_break_at_spaces_never_inside_a_machine_name():
                                                                   "cpu-intel-xeon-processor-2t", ax=_small(size=(6, 3)))
     lines = ax.get_title().split("\n")  # lesson 02 showed "… on cpu — cpu-intel-xeon-" / "processor-2t"
     assert len(lines) > 1 and "cpu-intel-xeon-processor-2t" in lines[-1], lines
+    plt.close("all")
+
+
+def test_float_formats_draws_each_format_over_its_whole_normal_range():
+    """Lesson 06's figure cut fp32 and bf16 at 1e-10, against the smallest normal its own table printed (1.2e-38)."""
+    ax = plots.float_formats()
+    for line, dtype in zip(ax.get_lines(), (torch.float32, torch.float16, torch.bfloat16)):
+        f, xs = torch.finfo(dtype), line.get_xdata()
+        assert f.smallest_normal <= min(xs) <= 1.2 * f.smallest_normal and f.max / 1.2 <= max(xs) <= f.max, dtype
+    plt.close("all")
+
+
+def test_labels_keep_a_word_with_its_number():
+    assert plots._wrap("CompactNet, batch 32", 12) == "CompactNet,\nbatch 32"  # lesson 08 showed "batch" / "32"
+    assert plots._wrap("peak 14.6 MB of 20", 8) == "peak 14.6 MB\nof 20"  # too long, but whole
+
+
+def test_bar_ratios_side_by_side_have_one_form():
+    ax = plots.compare_bars({"no sync": 0.132, "sync": 0.138, "benchmark": 0.29}, unit="ms", baseline="sync",
+                            title="Clocks")
+    ratios = [t.get_text().split("\n")[-1] for t in ax.texts]
+    assert ratios == ["0.96×", "1.00×", "2.10×"], ratios  # lesson 02 showed "0.95×" beside "1×"
     plt.close("all")

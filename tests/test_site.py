@@ -154,7 +154,10 @@ def test_every_site_page_in_chromium(browser, site):
         if nb is None:
             continue
         assert _title(nb) in heading, f"{name}: title {heading!r} is not the notebook's {_title(nb)!r}"
-        assert "Outputs on this page: measured on" in page.page.inner_text("main"), f"{name} names no hardware"
+        text = page.page.inner_text("main")
+        assert "Outputs on this page: measured on" in text, f"{name} names no hardware"
+        assert "# NBVAL_" not in text, f"{name} shows the test suite's markers in its code"
+        assert not re.search(r"(?<![\w.])/(work|tmp|root|home)/", text), f"{name} names a folder of the builder"
         if _makes_figures(nb):
             shown = page.page.eval_on_selector_all("main img", "els => els.filter(e => e.naturalWidth > 0).length")
             assert shown >= 1, f"{name}: the notebook draws figures but none rendered"
@@ -379,3 +382,17 @@ def test_long_printed_prose_is_broken_where_a_reader_expects():
     for broken in out[:-1]:
         assert not broken.endswith(("-", ":", "14.64", "11.27", "14.08", "predicted", "4.2")), out
     assert build_site.wrap_line("short line", 60) == "short line"
+
+
+def test_the_site_drops_the_test_suites_markers_from_code():
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import build_site
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("# NBVAL_IGNORE_OUTPUT\nx = 1  # NBVAL_ stays\n"),
+                                         nbformat.v4.new_code_cell("# NBVAL_CHECK_OUTPUT\nprint(2)"),
+                                         nbformat.v4.new_markdown_cell("# NBVAL_IGNORE_OUTPUT in prose stays")])
+    build_site.strip_test_markers(nb)
+    assert [c.source for c in nb.cells] == ["x = 1  # NBVAL_ stays\n", "print(2)",
+                                            "# NBVAL_IGNORE_OUTPUT in prose stays"]

@@ -160,6 +160,17 @@ def wrap_prose_outputs(nb) -> None:
                 out["text"] = "\n".join(wrap_line(x) for x in "".join(out["text"]).split("\n"))
 
 
+TEST_MARKER = re.compile(r"^# NBVAL_[A-Z_]+[ \t]*\n?", re.M)
+
+
+def strip_test_markers(nb) -> None:
+    """Drop the ``# NBVAL_IGNORE_OUTPUT`` / ``# NBVAL_CHECK_OUTPUT`` lines: they tell the test suite (nbval) how
+    to compare a cell's output, and only clutter the page's code."""
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.source = TEST_MARKER.sub("", cell.source)
+
+
 def drop_widgets(nb) -> None:
     """Live widgets (progress bars) cannot render on a static page: keep their text, drop their view."""
     for cell in nb.cells:
@@ -177,6 +188,7 @@ def lesson_page(executed: Path, results_dir: Path, dest: Path) -> str:
     nb.cells = [c for c in nb.cells if "injected-parameters" not in c.metadata.get("tags", [])]
     stem = executed.stem
     hide_solutions(nb, stem)
+    strip_test_markers(nb)
     drop_widgets(nb)
     wrap_prose_outputs(nb)
     lessons = {p.name for p in source_notebooks()}
