@@ -45,16 +45,21 @@ def _layout(fig) -> None:
         fig.tight_layout()
 
 
-_GLUE = re.compile(r"(?<=\d) (?=[A-Za-zµ%×])|(?<=[A-Za-z:]) (?=\d)")  # "14.6 ms", "batch 32": kept on one line
+_UNIT = r"(?:[µun]?s|ms|min|h|[KMGT]i?B|B|[KMGT]?FLOP|×|%)\b|\S*/s\b|×|%"
+_GLUE = re.compile(rf"(?<=\d) (?={_UNIT})|(?<=[A-Za-z:]) (?=\d)")  # "14.6 ms", "batch 32": kept on one line
 
 
 def _wrap(text: str, width: int) -> str:
     """``text`` broken at spaces into lines of at most ``width`` characters (its own line breaks kept): never
     inside a hyphenated name (cpu-intel-xeon-processor-2t), between a number and its unit or a word and its
-    number ("batch 32")."""
-    return "\n".join((textwrap.fill(_GLUE.sub("\0", line), max(width, 6), break_long_words=False,
-                                     break_on_hyphens=False) or line).replace("\0", " ")
-                     for line in str(text).split("\n"))
+    number ("batch 32"), unless such a piece is itself wider than a line."""
+    def fill(line: str) -> str:
+        for text in (_GLUE.sub("\0", line), line):
+            out = textwrap.fill(text, max(width, 6), break_long_words=False, break_on_hyphens=False) or line
+            if all(len(x) <= max(width, 6) for x in out.split("\n")):
+                break
+        return out.replace("\0", " ")
+    return "\n".join(fill(line) for line in str(text).split("\n"))
 
 
 def _suptitle(fig, title: str) -> None:
@@ -207,8 +212,8 @@ def compare_bars(values: dict, *, unit: str, title: str, baseline: str | None = 
 
 def _ratio(r: float) -> str:
     """A ratio with two decimals from 0.1 to 10 (1.00×, 0.95×, 2.43×: the same form side by side), else three
-    significant digits (0.0123×, 13.9×)."""
-    return f"{r:.2f}×" if 0.1 <= abs(r) < 10 else f"{r:.3g}×"
+    significant digits (0.0123×, 13.9×); the form is chosen from the rounded value (9.996 is 10.0×)."""
+    return f"{round(r, 2):.2f}×" if 0.1 <= abs(round(r, 2)) < 10 else f"{r:.3g}×"
 
 
 def _number(x: float) -> str:
@@ -568,6 +573,7 @@ def memory_search(trials: dict, *, limit_mb: float | None, title: str, ax=None):
     _finish(ax, title)
     _unstack(order, _marker_boxes(ax))
     _room_above(ax, order)
+    _unstack(order, _marker_boxes(ax))  # the raised y limit moved the points: clear them again
     return ax
 
 
@@ -578,7 +584,7 @@ def _marker_boxes(ax) -> list:
     for line in ax.get_lines():
         if line.get_marker() in (None, "None", "", " "):
             continue
-        half = line.get_markersize() * ax.figure.dpi / 72 / 2 + line.get_markeredgewidth()
+        half = (line.get_markersize() / 2 + line.get_markeredgewidth()) * ax.figure.dpi / 72  # points → pixels
         for x, y in ax.transData.transform(line.get_xydata()):
             boxes.append(Bbox.from_extents(x - half, y - half, x + half, y + half))
     return boxes

@@ -30,10 +30,14 @@ def project_root() -> Path:
 
 
 def shown_path(path) -> str:
-    """``path`` as pages and messages show it: from the course folder when it lies inside it (``build/…``: the same
-    on every machine, and the published site names no builder's folders), else in full."""
-    path, root = Path(path), project_root()
-    resolved = path.resolve() if path.is_absolute() else (Path.cwd() / path).resolve()
+    """``path`` as pages and messages show it: from the course folder when it lies inside it, as ``build/…`` when
+    it lies in the run's build folder (``$COURSE_BUILD_DIR``: ``make gpu-check`` puts it outside), else in full:
+    the same text on every machine, and the published site names no builder's folders."""
+    path = Path(path)
+    resolved = (path if path.is_absolute() else Path.cwd() / path).resolve()
+    build, root = build_dir().resolve(), project_root()
+    if resolved.is_relative_to(build):
+        return str(Path("build") / resolved.relative_to(build))
     return str(resolved.relative_to(root)) if resolved.is_relative_to(root) else str(path)
 
 

@@ -1,5 +1,6 @@
 """Unit tests of helpers.course (the notebook preamble, size tables, exercise checks, show_source)."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -162,3 +163,12 @@ def test_the_profiler_prints_no_log_lines_on_a_machine_without_cuda():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert run.returncode == 0, run.stderr[-800:]
     assert "USDT" not in run.stderr and "ERROR" not in run.stderr, run.stderr[-800:]
+
+
+def test_setup_keeps_the_learners_own_kineto_level(monkeypatch):
+    monkeypatch.setenv("KINETO_LOG_LEVEL", "3")
+    course.setup("09_profiler_and_memory", True, "cpu", needs=None)
+    assert os.environ["KINETO_LOG_LEVEL"] == "3"
+    monkeypatch.delenv("KINETO_LOG_LEVEL")
+    course.setup("09_profiler_and_memory", True, "cpu", needs=None)
+    assert os.environ.get("KINETO_LOG_LEVEL") == (None if torch.cuda.is_available() else "6")

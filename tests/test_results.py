@@ -82,3 +82,5 @@ def test_shown_path_names_no_folder_of_this_machine_inside_the_course(tmp_path, 
     monkeypatch.chdir(root / "notebooks")  # JupyterLab's working directory: a relative path resolves from there
     assert results.shown_path(Path("../build/work/x.pt")) == "build/work/x.pt"
     assert results.shown_path(tmp_path / "elsewhere.pt") == str(tmp_path / "elsewhere.pt")
+    monkeypatch.setenv("COURSE_BUILD_DIR", str(tmp_path / "out" / "build"))  # make gpu-check: outside the course
+    assert results.shown_path(tmp_path / "out" / "build" / "work" / "ck.pt") == "build/work/ck.pt"

@@ -127,7 +127,11 @@ def wide_table(text: str) -> bool:
     return any(len(line) > WRAP_LIMIT and TABLE_ROW.search(line.strip()) for line in text.splitlines())
 
 
-GLUE = re.compile(r"(?<=\d) (?=[A-Za-zµ%×(/=])|(?<=[:A-Za-z×≈~<>=]) (?=[-−]?\d)")  # "14.64 ms", "batch 64: 14"
+UNIT = r"(?:[µun]?s|ms|min|h|[KMGT]i?B|B|[KMGT]?FLOP|bits?|×|%|°C|W)\b|\S*/s\b|×|%"
+# Spaces a line never breaks at: a number and its unit ("14.64 ms", "26.3 GB/s"), a word and its number
+# ("batch 64: 14.64", "predicted 2.05"), a dash and the number after it ("10 - 20"). A word joins only the number
+# after it, and a number only a unit, so the pieces stay short ("batch 8 with 4 workers" still breaks).
+GLUE = re.compile(rf"(?<=\d) (?={UNIT})|(?<=[:A-Za-z×≈~<>=]) (?=[-−]?\d)|(?<= [-−–]) (?=\d)")
 
 
 def wrap_line(line: str, width: int = WRAP_LIMIT) -> str:
@@ -137,9 +141,11 @@ def wrap_line(line: str, width: int = WRAP_LIMIT) -> str:
     if len(line) <= width:
         return line
     indent = line[:len(line) - len(line.lstrip())]
-    glued = GLUE.sub("\0", line)
-    wrapped = textwrap.fill(glued.strip(), width, initial_indent=indent, subsequent_indent=indent + "  ",
-                            break_on_hyphens=False, break_long_words=False)
+    for text in (GLUE.sub("\0", line), line):  # glued pieces first; plain spaces if a piece is wider than a line
+        wrapped = textwrap.fill(text.strip(), width, initial_indent=indent, subsequent_indent=indent + "  ",
+                                break_on_hyphens=False, break_long_words=False, expand_tabs=False)
+        if all(len(x) <= width for x in wrapped.split("\n")):
+            break
     return wrapped.replace("\0", " ")
 
 
