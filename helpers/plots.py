@@ -6,12 +6,13 @@ a figure of your own, or leave it out and get a new figure. Each returns the ``A
 from __future__ import annotations
 
 import re
-import textwrap
 
 import matplotlib.pyplot as plt
 from matplotlib import ticker
 from matplotlib.layout_engine import PlaceHolderLayoutEngine
 from matplotlib.transforms import Bbox
+
+from .text import wrap
 
 
 def _axes(ax, figsize, ncols: int = 1):
@@ -45,21 +46,10 @@ def _layout(fig) -> None:
         fig.tight_layout()
 
 
-_UNIT = r"(?:[µun]?s|ms|min|h|[KMGT]i?B|B|[KMGT]?FLOP|×|%)\b|\S*/s\b|×|%"
-_GLUE = re.compile(rf"(?<=\d) (?={_UNIT})|(?<=[A-Za-z:]) (?=\d)")  # "14.6 ms", "batch 32": kept on one line
-
-
 def _wrap(text: str, width: int) -> str:
-    """``text`` broken at spaces into lines of at most ``width`` characters (its own line breaks kept): never
-    inside a hyphenated name (cpu-intel-xeon-processor-2t), between a number and its unit or a word and its
-    number ("batch 32"), unless such a piece is itself wider than a line."""
-    def fill(line: str) -> str:
-        for text in (_GLUE.sub("\0", line), line):
-            out = textwrap.fill(text, max(width, 6), break_long_words=False, break_on_hyphens=False) or line
-            if all(len(x) <= max(width, 6) for x in out.split("\n")):
-                break
-        return out.replace("\0", " ")
-    return "\n".join(fill(line) for line in str(text).split("\n"))
+    """``text`` broken into lines of at most ``width`` characters (its own line breaks kept), where a reader
+    expects it (``helpers.text.wrap``: at spaces, never inside "cpu-intel-xeon", "14.6 ms" or "batch 32")."""
+    return "\n".join(wrap(line, max(width, 6)) or line for line in str(text).split("\n"))
 
 
 def _suptitle(fig, title: str) -> None:
@@ -131,12 +121,12 @@ def _plain_log_ticks(axis) -> None:
     axis.set_minor_formatter(ticker.NullFormatter())
 
 
-def _whole_number_ticks(axis, values) -> None:
-    """An axis whose values are all whole numbers (threads, workers, epochs) ticks at whole numbers only: no 1.25
-    threads."""
-    values = [float(v) for v in values]
+def _whole_number_ticks(ax) -> None:
+    """An x axis whose lines all sit at whole numbers (threads, workers, epochs) ticks at whole numbers only: no
+    1.25 threads."""
+    values = [float(x) for line in ax.get_lines() for x in line.get_xdata()]
     if values and all(v.is_integer() for v in values):
-        axis.set_major_locator(ticker.MaxNLocator(integer=True))
+        ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
 
 
 def _sorted_points(points: dict) -> tuple[list, list]:
@@ -286,7 +276,7 @@ def compare_lines(series: dict, *, xlabel: str, ylabel: str, title: str, referen
         if ax.get_xlim()[1] <= 5000:  # batch sizes read as numbers (1, 2, 4, …, 4096), not as powers of 2
             ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     else:
-        _whole_number_ticks(ax.xaxis, [x for line in ax.get_lines() for x in line.get_xdata()])
+        _whole_number_ticks(ax)
     if logy:
         ax.set_yscale("log")
         _plain_log_ticks(ax.yaxis)
@@ -449,7 +439,7 @@ def recipe_histories(runs: dict, *, title: str = "", minutes: bool = False, ax=N
     for a in ax:
         a.set_xlabel("minutes of training" if minutes else "epoch")
         if not minutes:
-            _whole_number_ticks(a.xaxis, [x for line in a.get_lines() for x in line.get_xdata()])
+            _whole_number_ticks(a)
         _finish(a)
     if title:
         _suptitle(ax[0].figure, title)
@@ -595,11 +585,9 @@ def _unstack(notes: list, avoid: list = ()) -> None:
     until they are clear."""
     if notes:
         _measured(notes[0].figure)
-    renderer = notes[0].figure.canvas.get_renderer() if notes else None
     for k, note in enumerate(notes):
         for _ in range(12):  # a gap of 2 px to the earlier labels, so that "7", "9" do not read as "79"
-            box = note.get_window_extent(renderer)
-            if not any(box.padded(2).overlaps(e.get_window_extent(renderer)) for e in notes[:k]) and \
-                    not any(box.padded(-0.5).overlaps(m) for m in avoid):
+            box = note.get_window_extent(note.figure.canvas.get_renderer()).padded(-0.5)
+            if not any(_overlap([note, e], gap=2) for e in notes[:k]) and not any(box.overlaps(m) for m in avoid):
                 break
             note.xyann = (note.xyann[0], note.xyann[1] + 0.9 * note.get_fontsize())

@@ -34,8 +34,7 @@ def shown_path(path) -> str:
     it lies in the run's build folder (``$COURSE_BUILD_DIR``: ``make gpu-check`` puts it outside), else in full:
     the same text on every machine, and the published site names no builder's folders."""
     path = Path(path)
-    resolved = (path if path.is_absolute() else Path.cwd() / path).resolve()
-    build, root = build_dir().resolve(), project_root()
+    resolved, build, root = path.resolve(), build_dir().resolve(), project_root()  # relative: from the cwd
     if resolved.is_relative_to(build):
         return str(Path("build") / resolved.relative_to(build))
     return str(resolved.relative_to(root)) if resolved.is_relative_to(root) else str(path)

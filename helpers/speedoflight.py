@@ -360,7 +360,6 @@ def predicted_sweep(points: dict, gpus=None, *, op_s: float | None = None, copy_
     Returns ``{"items_per_s": {gpu: {x: predicted items/s}}, "step_s": {gpu: {x: s}}, "bound": {gpu: {x: regime}},
     "skipped": {gpu: why}, "work": {x: {"flops", "bytes", "ops", "kernels"}}, "label": PREDICTED}``.
     """
-
     op_s = _host_op_s(op_s)
     found = {"items_per_s": {}, "step_s": {}, "bound": {}, "skipped": {}, "work": {}, "label": PREDICTED}
     for x, (model, batch) in points.items():
@@ -445,7 +444,6 @@ def predicted_training(make_model, batch, *, images: int, epochs: int = 1, amp: 
     times longer to run the step in fp16 than to count it in bf16. ``input_items_per_s``: the input pipeline's rate as measured
     here; an epoch takes at least ``images / input_items_per_s`` and ``bound`` says ``"input"`` when that binds.
     """
-
     sheet, works, found, gpus = datasheet(), {}, {}, gpus_here(gpus)
     steps = -(-images // int(batch[-1].shape[0]))
     for gpu in gpus:
@@ -493,7 +491,6 @@ def check_predictions(cases: dict, device="cpu", *, ceilings: dict | None = None
     "measured_s", "ratio" (measured / predicted), "bound", "gpus"}}``, ``gpus`` holding the same counts predicted on
     each datasheet GPU (``predict_gpus``). Nothing is fitted: the ceilings are measured once.
     """
-
     from .stepwork import count_fn, count_step
     from .timing import time_fn, time_train_step
 

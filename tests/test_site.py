@@ -369,14 +369,20 @@ def test_a_notebook_runs_in_jupyterlab_through_the_ui(browser, jupyterlab, tmp_p
     page.close()
 
 
-def test_long_printed_prose_is_broken_where_a_reader_expects():
-    """The site breaks long printed lines itself (tools/build_site.py): at spaces, never after a hyphen, never
-    between a number and its unit or a label and its number, continuation lines indented."""
+def _build_site():
+    """tools/build_site.py as a module (its functions, without building a site)."""
     sys.path.insert(0, str(ROOT / "tools"))
     try:
         import build_site
     finally:
         sys.path.remove(str(ROOT / "tools"))
+    return build_site
+
+
+def test_long_printed_prose_is_broken_where_a_reader_expects():
+    """The site breaks long printed lines itself (tools/build_site.py): at spaces, never after a hyphen, never
+    between a number and its unit or a label and its number, continuation lines indented."""
+    build_site = _build_site()
     line = ("  H100 SXM, true fp32 (TF32 off), predicted from the datasheet, not measured: batch 8: 11.27 ms "
             "(overhead-bound), batch 64: 14.64 ms (overhead-bound), batch 512: 14.08 ms (memory-bound), "
             "measured / predicted 2.05, a per-kernel floor of 4.2 µs")
@@ -392,11 +398,7 @@ def test_long_printed_prose_is_broken_where_a_reader_expects():
 
 
 def test_the_site_drops_the_test_suites_markers_from_code():
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        import build_site
-    finally:
-        sys.path.remove(str(ROOT / "tools"))
+    build_site = _build_site()
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("# NBVAL_IGNORE_OUTPUT\nx = 1  # NBVAL_ stays\n"),
                                          nbformat.v4.new_code_cell("# NBVAL_CHECK_OUTPUT\nprint(2)"),
                                          nbformat.v4.new_markdown_cell("# NBVAL_IGNORE_OUTPUT in prose stays")])

@@ -20,10 +20,11 @@ import re
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import nbformat
+
+from helpers.text import wrap
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTION_CALL = re.compile(r"^\s*solution\(", re.M)
@@ -127,26 +128,14 @@ def wide_table(text: str) -> bool:
     return any(len(line) > WRAP_LIMIT and TABLE_ROW.search(line.strip()) for line in text.splitlines())
 
 
-UNIT = r"(?:[µun]?s|ms|min|h|[KMGT]i?B|B|[KMGT]?FLOP|bits?|×|%|°C|W)\b|\S*/s\b|×|%"
-# Spaces a line never breaks at: a number and its unit ("14.64 ms", "26.3 GB/s"), a word and its number
-# ("batch 64: 14.64", "predicted 2.05"), a dash and the number after it ("10 - 20"). A word joins only the number
-# after it, and a number only a unit, so the pieces stay short ("batch 8 with 4 workers" still breaks).
-GLUE = re.compile(rf"(?<=\d) (?={UNIT})|(?<=[:A-Za-z×≈~<>=]) (?=[-−]?\d)|(?<= [-−–]) (?=\d)")
-
-
 def wrap_line(line: str, width: int = WRAP_LIMIT) -> str:
-    """A long printed line of prose broken at spaces into lines of at most ``width`` characters, continuation
-    lines indented two more than the first: never after a hyphen ("overhead-bound"), never between a number and
-    its unit ("14.64 ms") or a word and its number ("batch 64: 14.64"), all of which a browser's wrapping splits."""
+    """A long printed line of prose broken where a reader expects it (``helpers.text.wrap``: at spaces, never
+    after a hyphen, between a number and its unit or a word and its number, all of which a browser's wrapping
+    splits), continuation lines indented two more than the first."""
     if len(line) <= width:
         return line
     indent = line[:len(line) - len(line.lstrip())]
-    for text in (GLUE.sub("\0", line), line):  # glued pieces first; plain spaces if a piece is wider than a line
-        wrapped = textwrap.fill(text.strip(), width, initial_indent=indent, subsequent_indent=indent + "  ",
-                                break_on_hyphens=False, break_long_words=False, expand_tabs=False)
-        if all(len(x) <= width for x in wrapped.split("\n")):
-            break
-    return wrapped.replace("\0", " ")
+    return wrap(line.strip(), width, indent=indent, hang=indent + "  ")
 
 
 def wrap_prose_outputs(nb) -> None:
