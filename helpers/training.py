@@ -338,15 +338,21 @@ class TimePace:
     Under DDP rank 0's progress is broadcast each step, so every rank uses the same rate and stops together.
     """
 
+    clock = staticmethod(time.perf_counter)  # seconds; tests replace it with a clock they control
+
     def __init__(self, limit_s: float, planned_steps: int, scheduler=None, step_on: str = "batch",
                  steps_per_epoch: int = 1):
         self.limit_s, self.planned_steps, self.scheduler = max(float(limit_s), 1e-6), max(1, planned_steps), scheduler
         self.units = self.planned_steps if step_on == "batch" else max(1, self.planned_steps // steps_per_epoch)
-        self.t0 = time.perf_counter()
+        self.t0 = self.clock()
+
+    def pause(self, seconds: float) -> None:
+        """Leave ``seconds`` out of the budget (time spent on something that is not training)."""
+        self.t0 += seconds
 
     def after_step(self, steps_done: int) -> bool:
         """Advance the schedule to this step's progress; True when training must stop."""
-        progress = _rank0_value(max((time.perf_counter() - self.t0) / self.limit_s, steps_done / self.planned_steps))
+        progress = _rank0_value(max((self.clock() - self.t0) / self.limit_s, steps_done / self.planned_steps))
         if self.scheduler is not None:
             target = min(int(progress * self.units), self.units - 1)
             while self.scheduler.last_epoch < target:
@@ -492,7 +498,8 @@ def _count_work(loop: _Loop, batch, meter: EpochMeter) -> None:
     from .speedoflight import main_dtype, measured_ceilings
     from .stepwork import count_step
 
-    t0, model = time.perf_counter(), _unwrap(loop.model)
+    model = _unwrap(loop.model)
+    paused = loop.pace.clock() if loop.pace is not None else 0.0
     model = getattr(model, "_orig_mod", model)  # a torch.compile'd model: count the eager one (same model FLOPs)
     try:
         with torch.random.fork_rng(devices=[loop.device] if loop.device.type == "cuda" else []):
@@ -506,7 +513,7 @@ def _count_work(loop: _Loop, batch, meter: EpochMeter) -> None:
                      "ceilings": measured_ceilings(loop.device, measure=False)}
     meter.restart_clock()
     if loop.pace is not None:
-        loop.pace.t0 += time.perf_counter() - t0
+        loop.pace.pause(loop.pace.clock() - paused)
 
 
 def _throughput(loop: _Loop, record: dict, seen: int) -> None:

@@ -80,7 +80,6 @@ def test_a_notebook_past_its_limit_is_stopped_and_the_run_goes_on(budget_run):
     assert "[4/4] 04_fine.ipynb" in run.stdout and "done in" in run.stdout.split("04_fine")[1]
     times = json.loads((out / "times.json").read_text())
     assert times["runs"]["01_sleeps"]["status"] == "stopped"
-    assert times["runs"]["01_sleeps"]["seconds"] < times["runs"]["01_sleeps"]["limit_s"] + 15
     assert times["notebooks"] == {"04_fine": pytest.approx(times["runs"]["04_fine"]["seconds"], abs=0.1)}
     report = (out / "report.md").read_text()
     assert "| 01_sleeps | stopped |" in report and "| 04_fine | ok |" in report

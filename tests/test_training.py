@@ -256,37 +256,62 @@ def test_resume_loads_rng_states_on_the_cpu_whatever_the_device(tmp_path, monkey
         training._set_rng_state(training.load_checkpoint(path, map_location="meta")["rng"])
 
 
-def _pace_run(limit_s, epochs, schedule="onecycle"):
-    from helpers.schedules import make_scheduler
+class _StepClock:
+    """A clock that advances ``per_step`` seconds each time ``TimePace`` reads it, whatever this machine is doing:
+    a limit then lands on the same step in every run (no test depends on where a wall-clock limit lands)."""
 
+    def __init__(self, per_step):
+        self.now, self.per_step = 0.0, per_step
+
+    def __call__(self):
+        self.now += self.per_step
+        return self.now
+
+
+def _pace_run(limit_s, epochs, schedule="onecycle", clock=None, monkeypatch=None):
+    from helpers.schedules import make_scheduler
+    from helpers.training import TimePace
+
+    if clock is not None:
+        monkeypatch.setattr(TimePace, "clock", staticmethod(clock))
     torch.manual_seed(0)
     x = torch.randn(1024, 16)
     loader = DataLoader(TensorDataset(x, x[:, :4].argmax(1)), batch_size=32, shuffle=True)
     model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     sched, on = make_scheduler(schedule, opt, epochs=epochs, steps_per_epoch=len(loader), drop_period=None)
-    t0 = time.perf_counter()
     history = fit(model, loader, epochs=epochs, optimizer=opt, scheduler=sched, scheduler_step=on, device="cpu",
                   progress=False, time_limit_s=limit_s)
-    return history, time.perf_counter() - t0, model
+    return history, model
 
 
-def test_time_limit_stops_on_time_and_the_schedule_still_completes():
-    """A plan far longer than 0.8 s allows (300 epochs): fit stops at the limit, mid-epoch, and OneCycle has run
-    its whole course (peak reached, rate annealed to its end) — the plan's error does not matter."""
-    history, seconds, _ = _pace_run(0.8, 300)
-    assert 0.8 <= seconds < 0.8 + 1.0, "stops at the limit (one step of a tiny MLP past it, plus set-up)"
-    assert history.epochs[-1]["partial"] is True and len(history.epochs) < 300
+def test_time_limit_stops_on_time_and_the_schedule_still_completes(monkeypatch):
+    """A plan far longer than the limit allows (300 epochs of 32 steps): fit stops at the limit, mid-epoch, and
+    OneCycle has run its whole course (peak reached, rate annealed to its end). Time is controlled: every read of
+    the pace's clock is 1/64 s later (exact in binary), so the limit lands on the same step on any machine."""
+    history, _ = _pace_run(1.25 + 2**-7, 300, clock=_StepClock(2**-6), monkeypatch=monkeypatch)
+    # the pace's elapsed time after step k is (k + 1) / 64 s (its start and the FLOP count's pause read the clock too)
+    assert len(history.iterations) == 80, "the first step whose elapsed time reaches the limit is the last"
+    assert len(history.epochs) == 3 and history.epochs[-1]["partial"] is True
+    assert [e.get("partial", False) for e in history.epochs[:2]] == [False, False]
     lrs = [i["lr"] for i in history.iterations]
     assert max(lrs) > 0.09, "the peak of the cycle was reached"
     assert lrs[-1] < 0.02 * max(lrs), "and the rate annealed to the end of the cycle"
 
 
+def test_a_limit_on_an_epoch_boundary_ends_that_epoch_whole(monkeypatch):
+    """The case that once made the test above a coin toss: the limit falls on the last step of an epoch. That
+    epoch is complete (not partial), and no further epoch is started."""
+    history, _ = _pace_run(1 + 2**-7, 300, clock=_StepClock(2**-6), monkeypatch=monkeypatch)
+    assert len(history.iterations) == 64 and len(history.epochs) == 2
+    assert not history.epochs[-1].get("partial")
+
+
 @pytest.mark.parametrize("schedule", ["onecycle", "piecewise"])
-def test_time_limit_changes_nothing_when_the_plan_fits(schedule):
+def test_time_limit_changes_nothing_when_the_plan_fits(schedule, monkeypatch):
     """A loop faster than its budget trains exactly the planned steps with exactly the unbudgeted schedule."""
-    paced, _, paced_model = _pace_run(600.0, 2, schedule)
-    plain, _, plain_model = _pace_run(None, 2, schedule)
+    paced, paced_model = _pace_run(600.0, 2, schedule, clock=_StepClock(2**-6), monkeypatch=monkeypatch)
+    plain, plain_model = _pace_run(None, 2, schedule)
     assert [i["lr"] for i in paced.iterations] == [i["lr"] for i in plain.iterations]
     assert len(paced.epochs) == 2 and not paced.epochs[-1].get("partial")
     for a, b in zip(paced_model.parameters(), plain_model.parameters()):
@@ -295,8 +320,24 @@ def test_time_limit_changes_nothing_when_the_plan_fits(schedule):
 
 def test_a_time_limit_of_zero_trains_one_step():
     """A budget already spent (make gpu-check's floors run: budget_s=1) takes one step, never divides by zero."""
-    history, _, _ = _pace_run(0.0, 3)
+    history, _ = _pace_run(0.0, 3)
     assert len(history.iterations) == 1 and history.epochs[-1]["partial"] is True
+
+
+def test_time_spent_counting_flops_is_not_training_time(monkeypatch):
+    """fit counts the first step's FLOPs on a copy; the pace leaves that time out of the budget."""
+    from helpers import stepwork
+
+    clock, real = _StepClock(2**-6), stepwork.count_step
+
+    def slow_count(*args, **kwargs):
+        clock.now += 100.0  # counting takes 100 s by the pace's clock
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(stepwork, "count_step", slow_count)
+    history, _ = _pace_run(5.0, 2, clock=clock, monkeypatch=monkeypatch)
+    assert clock.now > 100, "the count ran"
+    assert len(history.epochs) == 2 and not history.epochs[-1].get("partial"), "100 s of counting spent no budget"
 
 
 def test_fit_records_model_flops_and_mfu_without_changing_the_training(monkeypatch):
