@@ -14,6 +14,7 @@ BUDGET_MIN ?= 7
 GPU_DEVICE ?= $(if $(filter auto,$(DEVICE)),cuda,$(DEVICE))
 ALLOW_CPU  ?=
 BENCH      ?= 1
+PLAN       ?=
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 .PHONY: help venv site-venv run test lab bench site check instructors gpu-check wheelhouse clean
@@ -26,7 +27,8 @@ help:
 	@echo "make site   the executed course as a static website in build/site/ (QUICK=1: run stale notebooks quick)"
 	@echo "make check  pre-flight check of this machine for a workshop (writes build/preflight.md)"
 	@echo "make wheelhouse  download the notebook tools as wheels for an offline GPU node (WHEEL_PYTHON=3.12)"
-	@echo "make gpu-check OUT=dir [PYTHON=python3 CIFAR10=dir|tar.gz BUDGET_MIN=7]  the course on a GPU node"
+	@echo "make gpu-check OUT=dir [PYTHON=python3 CIFAR10=dir|tar.gz BUDGET_MIN=7 PLAN=1]  the course on a GPU node"
+	@echo "               (PLAN=1: a dry run that prints each notebook's budget and limit and runs nothing)"
 
 venv: $(VENV)/.installed
 
@@ -75,7 +77,7 @@ gpu-check:
 	$(PYTHON) tools/gpu_check.py --out $(OUT) --wheelhouse $(WHEELHOUSE) --budget-min $(BUDGET_MIN) \
 		--device $(GPU_DEVICE) $(if $(CIFAR10),--cifar10 $(CIFAR10),) $(if $(ALLOW_CPU),--allow-cpu,) \
 		$(if $(filter 1 true True yes,$(QUICK)),--quick,) $(if $(ONLY),--only $(ONLY),) \
-		$(if $(filter 0,$(BENCH)),--no-bench,)
+		$(if $(filter 0,$(BENCH)),--no-bench,) $(if $(filter 1 true True yes,$(PLAN)),--plan,)
 
 # Pinned wheels of the notebook tools (tools/gpu-check-requirements.txt) for CPython $(WHEEL_PYTHON) on manylinux x86-64.
 wheelhouse:

@@ -124,3 +124,35 @@ def test_budget_shares_cover_every_notebook_and_add_up_to_the_budget():
     prefixes = {nb.name[:2] for nb in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")}
     assert set(run_course.BUDGET_SHARE) == prefixes
     assert abs(sum(run_course.BUDGET_SHARE.values()) - 1.0) < 1e-9
+
+
+def test_a_gpu_run_gives_its_gpu_floors_of_its_own(tmp_path):
+    """promote_reference keeps a full-mode GPU run's times as that GPU's floors (the smaller of old and new), and
+    the next run on that GPU plans from them; quick or CPU runs record none (issue 34: CPU floors are not GPU floors)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import promote_reference
+        import run_course
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    floors_path = tmp_path / "floors.json"
+    floors_path.write_text((ROOT / "data" / "budget_floors.json").read_text())
+
+    def times(seconds_00, **kw):
+        path = tmp_path / "times.json"
+        path.write_text(json.dumps(dict({"machine": "1x NVIDIA H200", "gpu": True, "kind": "NVIDIA H200",
+                                         "torch": "2.11", "quick": False, "date": "2026-12-06", "runs": {
+                                             "00_getting_started": {"status": "ok", "seconds": seconds_00},
+                                             "05_multi_gpu_training": {"status": "stopped", "seconds": 99.0}}},
+                                        **kw)))
+        return path
+
+    assert not run_course.load_floors("NVIDIA H200", floors_path)[2], "never recorded: the CPU's floors, learned"
+    assert "kept for 1" in promote_reference.keep_floors(times(4.0), floors_path)
+    floors, source, own = run_course.load_floors("NVIDIA H200", floors_path)
+    assert own and floors["00"] == 4.0 and floors["05"] == 203.1 and "NVIDIA H200" in source, "05 was stopped"
+    promote_reference.keep_floors(times(6.0), floors_path)
+    assert run_course.load_floors("NVIDIA H200", floors_path)[0]["00"] == 4.0, "the smaller time is kept"
+    assert run_course.load_floors("cpu", floors_path)[0]["05"] == 203.1, "the CPU's floors are untouched"
+    assert "not" in promote_reference.keep_floors(times(1.0, quick=True), floors_path)
+    assert run_course.load_floors("NVIDIA H200", floors_path)[0]["00"] == 4.0

@@ -47,6 +47,7 @@ DEADLINE_GRACE_S = 45      # the run ends by --budget-min plus at most this (a n
 BENCH_RESERVE_S = 75       # of the budget, kept for the benchmarks: 71 s on a 2-core Xeon (2026-12-05), with
 BENCH_ARGS = {"diagnose_workloads.py": ["--budget-s", "5"]}  # 35 s for its six diagnoses (55 s at its default 10 s)
 PACK_RESERVE_S = 10        # of the budget, kept for the report and the archive
+PLAN_SETUP_S = 30          # a dry run's guess at the pre-flight, install, extraction and ceilings before the notebooks
 ARCHIVE_LIMIT_MB = 16
 
 
@@ -148,11 +149,45 @@ def _parse(argv):
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default=None)
     ap.add_argument("--no-bench", action="store_true")
+    ap.add_argument("--plan", action="store_true", help="a dry run: print the plan (each notebook's budget and "
+                    "limit, the run's end) without installing, extracting or running anything")
     return ap.parse_args(argv)
+
+
+def course_command(args, device: str, notebook_budget: float, deadline: float, cifar: bool) -> list[str]:
+    """The tools/run_course.py command of this run (the dry run prints its plan)."""
+    run = [sys.executable, str(ROOT / "tools" / "run_course.py"), "--device", device, "--out", str(Path(args.out)),
+           "--keep-going", "--budget-s", f"{notebook_budget:.0f}",
+           "--deadline", f"{deadline - PACK_RESERVE_S - (0 if args.no_bench else 5):.0f}"] + (
+        ["--quick"] if args.quick else []) + (["--only", args.only] if args.only else [])
+    if not cifar:
+        run += ["--skip", CIFAR_NOTEBOOKS, "--skip-reason",
+                "skipped: it needs CIFAR-10 and none was given (CIFAR10=folder-or-tarball)"]
+    return run
+
+
+def notebook_share(args, spent_s: float) -> float:
+    """Seconds of the budget left to the notebooks once ``spent_s`` is spent (the benchmarks and packing kept)."""
+    return 60 * args.budget_min - spent_s - PACK_RESERVE_S - (0 if args.no_bench else BENCH_RESERVE_S)
+
+
+def plan(args) -> int:
+    """The dry run: what the run would give each notebook, assuming PLAN_SETUP_S before the notebooks."""
+    t0 = time.time()
+    deadline = t0 + 60 * args.budget_min + DEADLINE_GRACE_S
+    budget = notebook_share(args, PLAN_SETUP_S)
+    say(f"dry run: budget {60 * args.budget_min:.0f} s = about {PLAN_SETUP_S} s before the notebooks (pre-flight, "
+        f"install, CIFAR-10, ceilings) + {budget:.0f} s of notebooks + "
+        + ("" if args.no_bench else f"{BENCH_RESERVE_S} s of benchmarks + ") + f"{PACK_RESERVE_S} s to pack; "
+        f"the run ends by {datetime.datetime.fromtimestamp(deadline):%H:%M:%S} at the latest")
+    cmd = course_command(args, args.device, budget, deadline, bool(args.cifar10)) + ["--plan"]
+    return subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT))).returncode
 
 
 def main(argv=None) -> int:
     args = _parse(argv)
+    if args.plan:
+        return plan(args)
     t0 = time.time()
     deadline = t0 + 60 * args.budget_min + DEADLINE_GRACE_S
     device = check_device(args.device, args.allow_cpu)
@@ -170,17 +205,10 @@ def main(argv=None) -> int:
         env["COURSE_NO_COMPILE"] = "1"
     tree = cifar10_tree(args.cifar10, out / "cifar10")
     measure_ceilings(env, device)
-    notebook_budget = 60 * args.budget_min - (time.time() - t0) - PACK_RESERVE_S - (
-        0 if args.no_bench else BENCH_RESERVE_S)
-    run = [sys.executable, str(ROOT / "tools" / "run_course.py"), "--device", device, "--out", str(out),
-           "--keep-going", "--budget-s", f"{notebook_budget:.0f}",
-           "--deadline", f"{deadline - PACK_RESERVE_S - (0 if args.no_bench else 5):.0f}"] + (
-        ["--quick"] if args.quick else []) + (["--only", args.only] if args.only else [])
+    notebook_budget = notebook_share(args, time.time() - t0)
+    run = course_command(args, device, notebook_budget, deadline, tree is not None)
     if tree is not None:
         env["COURSE_CIFAR10_DIR"] = str(tree)
-    else:
-        run += ["--skip", CIFAR_NOTEBOOKS, "--skip-reason",
-                "skipped: it needs CIFAR-10 and none was given (CIFAR10=folder-or-tarball)"]
     say(f"{time.time() - t0:.0f} s spent before the notebooks; they get {notebook_budget:.0f} s, the run ends by "
         f"{datetime.datetime.fromtimestamp(deadline):%H:%M:%S} at the latest")
     code = subprocess.run(run, env=env, cwd=ROOT).returncode
@@ -205,13 +233,20 @@ for device, threads in (({device!r}, None), ("cpu", None), ("cpu", 1)):
 """
 
 
+CEILINGS_TIMEOUT_S = 300
+
+
 def measure_ceilings(env: dict, device: str) -> None:
     """Measure this node's ceilings once, before the notebooks, into the run's cache (XDG_CACHE_HOME under OUT):
     the device's, and the CPU's with all threads and with one (lessons 01-10 read them for MFU and predictions;
     measured inside a notebook they would eat its budget). Counted in the budget; a failure is reported, not fatal."""
     t0 = time.time()
-    proc = subprocess.run([sys.executable, "-c", CEILINGS.format(device=device)], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    try:
+        proc = subprocess.run([sys.executable, "-c", CEILINGS.format(device=device)], env=env, cwd=ROOT,
+                              capture_output=True, text=True, timeout=CEILINGS_TIMEOUT_S)
+    except subprocess.TimeoutExpired:  # a hung measurement must not end the run without its archive
+        say(f"ceilings: stopped after {CEILINGS_TIMEOUT_S} s, not measured (the notebooks will measure them)")
+        return
     for line in (proc.stdout + proc.stderr).strip().splitlines()[-4:]:
         say(f"ceilings: {line}")
     say(f"ceilings measured in {time.time() - t0:.0f} s" if proc.returncode == 0 else

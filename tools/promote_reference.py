@@ -8,7 +8,10 @@ those of a notebook stopped at its time limit; results sized to a time budget (`
 Each file keeps the hardware, driver and torch version it was measured with; commit the new folder with a message
 naming the machine. The speed-of-light check travels with it: every promoted notebook's `measured_over_predicted`
 (measured / predicted from the datasheet, on a GPU the datasheet knows) is gathered into
-`prediction_check.json` beside the results, so the model's error on GPUs is known, not guessed.
+`prediction_check.json` beside the results, so the model's error on GPUs is known, not guessed. The run's
+times.json (beside the results folder) gives that GPU its own floors in data/budget_floors.json: each notebook
+that ended normally in full mode keeps the smaller of its recorded floor and this run's time, so the next
+`make gpu-check` on that GPU plans from them instead of the CPU's.
 """
 import argparse
 import json
@@ -19,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 from helpers.results import atomic_write_text, load_results, reference_dir
+from run_course import FLOORS, record_floors  # noqa: E402 beside this script
 
 
 def gather_prediction_check(folder: Path) -> Path | None:
@@ -37,6 +41,22 @@ def gather_prediction_check(folder: Path) -> Path | None:
                                           "(helpers.speedoflight): above 1, slower than predicted",
                                           "hardware": hardware, "notebooks": found}, indent=1) + "\n")
     return target
+
+
+def keep_floors(times_path: Path, floors_path: Path = FLOORS) -> str:
+    """Record a GPU run's notebook times (times.json of ``make gpu-check``) as its device kind's floors; say what."""
+    if not times_path.exists():
+        return f"floors: no {times_path.name} beside the results, none recorded"
+    times = json.loads(times_path.read_text(encoding="utf-8"))
+    kind = times.get("kind")
+    if times.get("quick") or not times.get("gpu") or kind in (None, "cpu"):
+        return "floors: only a full-mode GPU run's times become floors (this run's are not)"
+    done = {k: r["seconds"] for k, r in times["runs"].items() if r["status"] == "ok"}
+    if not done:
+        return "floors: no notebook ended normally, none recorded"
+    record_floors(kind, done, times["machine"], times.get("torch", "?"),
+                  f"upper bound: times of a make gpu-check run ({times.get('date')})", floors_path)
+    return f"floors of {kind} kept for {len(done)} notebook(s) in {floors_path}"
 
 
 def main(argv=None) -> int:
@@ -73,6 +93,7 @@ def main(argv=None) -> int:
         check = gather_prediction_check(folder)
         print(f"measured / predicted: {check}" if check else f"measured / predicted: none in {folder} (the GPU is "
               "not in data/gpu_datasheet.json, or no notebook predicted it)")
+    print(keep_floors(Path(args.results).resolve().parent / "times.json"))
     return 0
 
 

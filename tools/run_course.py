@@ -57,30 +57,91 @@ def notebooks(only: str | None, folder: Path | None = None) -> list[Path]:
     return found
 
 
-def load_floors(path: Path = FLOORS) -> dict:
-    """``{prefix: seconds}``: each notebook's measured time as budget_s approaches 0 (``--measure-floors``)."""
+def device_kind(hw: dict, device: str) -> str:
+    """What floors are kept per: ``cpu``, ``mps``, or the CUDA GPU's name (``NVIDIA H200``)."""
+    if device.startswith("cuda"):  # a dry run on a machine without the GPU: a kind never recorded
+        index = int(device.split(":")[1]) if ":" in device else 0
+        return hw["gpus"][min(index, len(hw["gpus"]) - 1)]["name"] if hw.get("gpus") else "cuda"
+    return "mps" if device == "mps" else "cpu"
+
+
+def load_floors(kind: str = "cpu", path: Path = FLOORS) -> tuple[dict, str, bool]:
+    """``({prefix: seconds}, where they come from, whether they are this kind's own)``: each notebook's time as
+    budget_s approaches 0, recorded per device kind (``--measure-floors``, ``tools/promote_reference.py``). A kind
+    never recorded gets the CPU's floors, which the run scales down as its first notebooks finish (``learn``)."""
     if not path.exists():
-        return {}
-    return {k[:2]: float(v) for k, v in json.loads(path.read_text(encoding="utf-8"))["floors_s"].items()}
+        return {}, f"no floors recorded ({DEFAULT_FLOOR_S:.0f} s assumed each)", False
+    kinds = json.loads(path.read_text(encoding="utf-8"))["kinds"]
+    own = kind in kinds
+    entry = kinds[kind] if own else kinds["cpu"]
+    floors = {k[:2]: float(v) for k, v in kinds["cpu"]["floors_s"].items()}  # a notebook the kind lacks: the CPU's
+    floors.update({k[:2]: float(v) for k, v in entry["floors_s"].items()})
+    where = f"{entry['machine']}, torch {entry['torch']}, {entry['date']}"
+    if own:
+        return floors, f"floors of {kind} ({where}; the CPU's for a notebook it has none of)", True
+    return floors, (f"no floors recorded for {kind}: planning from the CPU's ({where}), scaled down as the first "
+                    "notebooks show how much faster this device is"), False
+
+
+def learn(floors: dict, runs: dict) -> tuple[dict, float]:
+    """Floors of a device kind never recorded, learned from this run: the CPU's floors times the largest ratio of
+    time taken to CPU floor among the notebooks that finished (at most 1: a notebook that took longer than its CPU
+    floor was given more work, so it says nothing about its floor)."""
+    ratios = [r["seconds"] / floors[k[:2]] for k, r in runs.items() if r["status"] == "ok" and floors.get(k[:2])]
+    scale = min(1.0, max(ratios)) if ratios else 1.0
+    return {k: v * scale for k, v in floors.items()}, scale
+
+
+def fit(prefixes: list[str], left_s: float, floors: dict) -> list[str]:
+    """The notebooks (in order) whose floors fit in ``left_s``: the largest floors are left out first, so as many
+    notebooks as possible run."""
+    kept = list(prefixes)
+    while kept and sum(floors.get(p, DEFAULT_FLOOR_S) for p in kept) > left_s:
+        kept.remove(max(reversed(kept), key=lambda p: floors.get(p, DEFAULT_FLOOR_S)))
+    return kept
+
+
+def split(prefixes: list[str], left_s: float, floors: dict) -> list[list[str]]:
+    """``ONLY=`` groups that each fit ``left_s``: the run's own (``fit``), then the rest packed largest first."""
+    groups = [fit(prefixes, left_s, floors)]
+    for p in sorted((p for p in prefixes if p not in groups[0]), key=lambda p: -floors.get(p, DEFAULT_FLOOR_S)):
+        room = [g for g in groups[1:] if sum(floors.get(q, DEFAULT_FLOOR_S) for q in g + [p]) <= left_s]
+        (room[0].append(p) if room else groups.append([p]))
+    return [sorted(g) for g in groups if g]
 
 
 def plan_budget(prefix: str, rest: list[str], left_s: float, floors: dict) -> float:
     """``budget_s`` for notebook ``prefix``: its floor plus its weight's part of what ``left_s`` leaves after the
-    floors of every notebook in ``rest`` (which includes ``prefix``). Below the floors, the floors shrink alike."""
+    floors of every notebook in ``rest`` (which includes ``prefix``; ``fit`` chose them, so the floors fit)."""
     floor = {p: floors.get(p, DEFAULT_FLOOR_S) for p in rest}
-    spare = left_s - sum(floor.values())
-    if spare <= 0:
-        return max(1.0, left_s * floor[prefix] / sum(floor.values()))
+    spare = max(0.0, left_s - sum(floor.values()))
     weight = {p: BUDGET_SHARE.get(p, 0.05) for p in rest}
     return floor[prefix] + spare * weight[prefix] / sum(weight.values())
 
 
-def time_limit(budget_s: float, deadline: float | None, rest_floors: float, grace: float = LIMIT_GRACE_S) -> float:
-    """Seconds a notebook with ``budget_s`` may run before it is stopped (within the run's ``deadline``)."""
+def time_limit(budget_s: float, deadline_left: float | None, rest_floors: float,
+               grace: float = LIMIT_GRACE_S) -> float:
+    """Seconds a notebook with ``budget_s`` may run before it is stopped: LIMIT_FACTOR × budget_s + ``grace``, and
+    never so long that the floors of the notebooks after it (``rest_floors``) no longer fit before the deadline."""
     limit = LIMIT_FACTOR * budget_s + grace
-    if deadline is not None:
-        limit = min(limit, deadline - time.time() - rest_floors)
-    return max(5.0, limit)
+    if deadline_left is not None:
+        limit = min(limit, deadline_left - rest_floors)
+    return limit
+
+
+def start(prefix: str, rest: list[str], left_s: float, deadline_left: float | None, floors: dict,
+          grace: float = LIMIT_GRACE_S) -> tuple[float, float] | None:
+    """``(budget_s, limit_s)`` for the notebook about to start, or None when it does not fit: it never starts with
+    a budget below its floor or a limit below LIMIT_FACTOR × its budget."""
+    rest_floors = sum(floors.get(p, DEFAULT_FLOOR_S) for p in rest if p != prefix)
+    if rest_floors + floors.get(prefix, DEFAULT_FLOOR_S) > left_s:
+        return None
+    budget = plan_budget(prefix, rest, left_s, floors)
+    if deadline_left is not None:  # room for LIMIT_FACTOR x budget before the deadline, the later floors kept
+        budget = min(budget, (deadline_left - rest_floors) / LIMIT_FACTOR)
+    if budget < floors.get(prefix, DEFAULT_FLOOR_S) or budget <= 0:
+        return None
+    return budget, time_limit(budget, deadline_left, rest_floors, grace)
 
 
 def run_one(nb: Path, target: Path, params: dict, limit_s: float | None, log: Path) -> dict:
@@ -124,19 +185,25 @@ def mark_results(path: Path, run: dict) -> None:
     atomic_write_text(path, json.dumps(record, indent=2) + "\n")
 
 
-def write_times(path: Path, runs: dict, hw: dict, quick: bool, budget_s: float | None) -> None:
-    """The notebooks' wall-clock seconds with the machine, mode and how each ended (tools/course_times.py --record
-    reads ``notebooks``: the seconds of the notebooks that ran to the end)."""
-    import datetime
-
+def machine_name(hw: dict) -> str:
+    """The machine in one phrase: ``1x NVIDIA H200`` or ``2-core AMD EPYC with bf16``."""
     from helpers.devices import cpu_bf16_native
 
     gpus = [g["name"] for g in hw["gpus"]]
-    machine = (f"{len(gpus)}x {gpus[0]}" if gpus else
-               f"{hw['cpu_cores']}-core {hw['cpu']} {'with' if cpu_bf16_native() else 'without'} bf16")
+    return (f"{len(gpus)}x {gpus[0]}" if gpus else
+            f"{hw['cpu_cores']}-core {hw['cpu']} {'with' if cpu_bf16_native() else 'without'} bf16")
+
+
+def write_times(path: Path, runs: dict, hw: dict, quick: bool, budget_s: float | None, kind: str = "cpu") -> None:
+    """The notebooks' wall-clock seconds with the machine, mode and how each ended, each with the floor its plan used
+    (tools/course_times.py --record reads ``notebooks``: the seconds of the notebooks that ran to the end;
+    tools/promote_reference.py keeps a GPU run's times as that GPU's floors)."""
+    import datetime
+
     atomic_write_text(path, json.dumps({
-        "machine": machine, "gpu": bool(gpus), "quick": quick, "date": datetime.date.today().isoformat(),
-        "budget_s": budget_s, "notebooks": {k: round(r["seconds"], 1) for k, r in runs.items() if r["status"] == "ok"},
+        "machine": machine_name(hw), "gpu": bool(hw["gpus"]), "kind": kind, "torch": hw["torch"], "quick": quick,
+        "date": datetime.date.today().isoformat(), "budget_s": budget_s,
+        "notebooks": {k: round(r["seconds"], 1) for k, r in runs.items() if r["status"] == "ok"},
         "runs": {k: {n: (round(v, 1) if isinstance(v, float) else v) for n, v in r.items()} for k, r in runs.items()},
     }, indent=1))
 
@@ -160,6 +227,9 @@ def _parse(argv):
                     help="run every notebook with budget_s=1 and no time limit, and write data/budget_floors.json")
     ap.add_argument("--skip", default="", help="comma-separated notebook prefixes not to run, with the reason printed")
     ap.add_argument("--skip-reason", default="skipped", help="the reason printed for --skip")
+    ap.add_argument("--floors", default=str(FLOORS), help="the floors per device kind (default: data/budget_floors.json)")
+    ap.add_argument("--plan", action="store_true",
+                    help="a dry run: print each notebook's budget and limit and when the run ends; run nothing")
     return ap.parse_args(argv)
 
 
@@ -170,6 +240,15 @@ def _terminate(signum, frame):
 def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     args = _parse(argv)
+    budget = args.budget_s if args.budget_s is not None else (60 * args.budget_min if args.budget_min else None)
+    if args.plan:  # the dry run needs neither the device nor a folder
+        todo = notebooks(args.only, Path(args.notebooks).resolve() if args.notebooks else None)
+        skip = {p.strip() for p in args.skip.split(",") if p.strip()}
+        for nb in [nb for nb in todo if nb.name[:2] in skip]:
+            print(f"{nb.name}: {args.skip_reason}")
+        todo = [nb for nb in todo if nb.name[:2] not in skip]
+        return dry_run(todo, budget, args.deadline, device_kind(describe(), args.device), args.limit_grace,
+                       Path(args.floors))
     try:
         pick_device(args.device)  # fail before starting any kernel
     except ValueError as exc:
@@ -186,19 +265,19 @@ def main(argv=None) -> int:
     for nb in [nb for nb in todo if nb.name[:2] in skip]:
         print(f"{nb.name}: {args.skip_reason}", flush=True)
     todo = [nb for nb in todo if nb.name[:2] not in skip]
-    budget = args.budget_s if args.budget_s is not None else (60 * args.budget_min if args.budget_min else None)
+    kind = device_kind(hw, str(pick_device(args.device)))
     gpus = ", ".join(g["name"] for g in hw["gpus"]) or "no GPU"
     print(f"Running {len(todo)} notebook(s) in {'quick' if args.quick else 'full'} mode on device={args.device} "
           f"({hw['cpu']}; {gpus})" + (f", budget {budget:.0f} s" if budget else ""), flush=True)
     start = time.perf_counter()
     runs: dict = {}
     try:
-        code = _run_all(args, todo, out, budget, runs)
+        code = _run_all(args, todo, out, budget, runs, kind)
     finally:  # always: the times and the report of what ran
-        write_times(out / "times.json", runs, hw, args.quick, budget)
+        write_times(out / "times.json", runs, hw, args.quick, budget, kind)
         report = write_report(results, out / "report.md", runs=runs)
     if args.measure_floors:
-        write_floors(runs, hw)
+        write_floors(runs, hw, kind)
     bad = [k for k, r in runs.items() if r["status"] != "ok"]
     if bad:
         print(f"{len(bad)} of {len(todo)} notebook(s) did not end normally: "
@@ -209,25 +288,41 @@ def main(argv=None) -> int:
     return code
 
 
-def _run_all(args, todo: list, out: Path, budget: float | None, runs: dict) -> int:
-    floors = load_floors()
+def _run_all(args, todo: list, out: Path, budget: float | None, runs: dict, kind: str) -> int:
+    cpu_floors, source, own = load_floors(kind, Path(args.floors))
+    floors = cpu_floors
     t_start = time.perf_counter()
+    deadline_left = (lambda: args.deadline - time.time()) if args.deadline else (lambda: None)
+    prefixes = [nb.name[:2] for nb in todo]
+    if budget and not args.measure_floors:
+        print(f"plan: {source}", flush=True)
+        announce(prefixes, budget, floors, own)
     for i, nb in enumerate(todo, 1):
         target, prefix = out / "notebooks" / nb.name, nb.name[:2]
         result_file = out / "results" / f"{nb.stem}.json"
         result_file.unlink(missing_ok=True)
         params, limit = {"quick": args.quick, "device": args.device}, None
-        rest = [n.name[:2] for n in todo[i - 1:]]
         if args.measure_floors:
             params["budget_s"] = 1
         elif budget:
-            params["budget_s"] = round(plan_budget(prefix, rest, budget - (time.perf_counter() - t_start), floors), 1)
-            limit = time_limit(params["budget_s"], args.deadline,
-                               sum(floors.get(p, DEFAULT_FLOOR_S) for p in rest[1:]), args.limit_grace)
+            if not own:  # a kind never recorded: what the notebooks so far took tells how fast this device is
+                floors, scale = learn(cpu_floors, runs)
+            left = budget - (time.perf_counter() - t_start)
+            rest = fit(prefixes[i - 1:], left, floors)
+            planned = start(prefix, rest, left, deadline_left(), floors, args.limit_grace) if prefix in rest else None
+            if planned is None:
+                runs[nb.stem] = {"status": "not run", "seconds": 0.0, "floor_s": floors.get(prefix, DEFAULT_FLOOR_S),
+                                 "message": f"budget: its floor of {floors.get(prefix, DEFAULT_FLOOR_S):.0f} s did not "
+                                            f"fit the {max(left, 0):.0f} s left with the notebooks after it"}
+                print(f"[{i}/{len(todo)}] {nb.name}: not run: budget ({runs[nb.stem]['message'][8:]})", flush=True)
+                continue
+            params["budget_s"], limit = round(planned[0], 2), planned[1]
         print(f"[{i}/{len(todo)}] {nb.name} ..." + (f" (budget {params['budget_s']:.0f} s, limit {limit:.0f} s)"
                                                     if limit else ""), end=" ", flush=True)
         run = run_one(nb, target, params, limit, out / "logs" / f"{nb.stem}.log")
         run.update(budget_s=params.get("budget_s"), limit_s=limit)
+        if budget and not args.measure_floors:
+            run["floor_s"] = round(floors.get(prefix, DEFAULT_FLOOR_S), 1)
         runs[nb.stem] = run
         mark_results(result_file, run)
         if run["status"] == "ok":
@@ -243,23 +338,95 @@ def _run_all(args, todo: list, out: Path, budget: float | None, runs: dict) -> i
     return 0
 
 
-def write_floors(runs: dict, hw: dict) -> None:
-    """data/budget_floors.json from a --measure-floors run (every notebook must have ended normally)."""
+def announce(prefixes: list[str], budget: float, floors: dict, own: bool = True) -> None:
+    """Before the first notebook: one line naming what will not fit on these floors and the ONLY= split that would."""
+    groups = split(prefixes, budget, floors)
+    if len(groups) == 1:
+        return
+    left_out = [p for p in prefixes if p not in groups[0]]
+    total = sum(floors.get(p, DEFAULT_FLOOR_S) for p in prefixes)
+    print(f"plan: the floors of these notebooks add up to {total:.0f} s, more than the {budget:.0f} s given: "
+          + ", ".join(f"{p} ({floors.get(p, DEFAULT_FLOOR_S):.0f} s)" for p in left_out)
+          + (" will not fit and are listed as 'not run: budget'" if own else
+             " will not fit unless the first notebooks show this device to be faster than these floors")
+          + "; to run them all, split the run: " + " and ".join("ONLY=" + ",".join(g) for g in groups)
+          + " (one session each, then tools/merge_runs.py)", flush=True)
+
+
+def plan_run(prefixes: list[str], budget: float, deadline_left: float | None, floors: dict,
+             grace: float = LIMIT_GRACE_S, took=lambda budget_s, limit_s: budget_s) -> list[dict]:
+    """The run as planned, notebook by notebook: ``{"prefix", "floor_s", "budget_s", "limit_s", "at_s"}`` (budget and
+    limit None: not run), when each notebook takes ``took(budget_s, limit_s)`` seconds (tests pass the limit)."""
+    at, plan = 0.0, []
+    for i, prefix in enumerate(prefixes):
+        rest = fit(prefixes[i:], budget - at, floors)
+        planned = start(prefix, rest, budget - at, None if deadline_left is None else deadline_left - at, floors,
+                        grace) if prefix in rest else None
+        if planned is not None:
+            at += took(*planned)
+        plan.append({"prefix": prefix, "floor_s": floors.get(prefix, DEFAULT_FLOOR_S),
+                     "budget_s": planned and planned[0], "limit_s": planned and planned[1], "at_s": at})
+    return plan
+
+
+def dry_run(todo: list, budget: float | None, deadline: float | None, kind: str, grace: float,
+            floors_file: Path = FLOORS) -> int:
+    """Print each notebook's budget and limit and when the run would end, running nothing (``--plan``). It assumes
+    each notebook takes its budget_s; a kind with no floors of its own re-plans as its first notebooks finish."""
     import datetime
 
+    if not budget:
+        print("plan: no budget given (--budget-min or --budget-s): every notebook runs to its end, with no limit")
+        return 0
+    floors, source, own = load_floors(kind, floors_file)
+    now = time.time()
+    print(f"plan: {source}")
+    announce([nb.name[:2] for nb in todo], budget, floors, own)
+    clock = lambda t: datetime.datetime.fromtimestamp(now + t).strftime("%H:%M:%S")  # noqa: E731
+    steps = plan_run([nb.name[:2] for nb in todo], budget, None if deadline is None else deadline - now, floors, grace)
+    for i, (nb, step) in enumerate(zip(todo, steps), 1):
+        print(f"[{i}/{len(todo)}] {nb.name}: floor {step['floor_s']:.0f} s, " + (
+            f"budget {step['budget_s']:.0f} s, limit {step['limit_s']:.0f} s, ends about {clock(step['at_s'])}"
+            if step["budget_s"] else "not run: budget"))
+    end = steps[-1]["at_s"] if steps else 0.0
+    print(f"plan: the notebooks end about {clock(end)} ({end:.0f} s of {budget:.0f} s)"
+          + (f"; none runs past {datetime.datetime.fromtimestamp(deadline):%H:%M:%S}" if deadline else ""))
+    return 0
+
+
+FLOORS_ABOUT = ("Per device kind (cpu, mps, or the CUDA GPU's name): each notebook's wall-clock seconds in full mode "
+                "as budget_s approaches 0 (start-up, data, fixed demonstrations). tools/run_course.py --measure-floors "
+                "measures them (budget_s=1); tools/promote_reference.py keeps a GPU run's times as that GPU's floors "
+                "(an upper bound: a notebook given more than its floor did more work). tools/run_course.py plans a "
+                "time budget from the floors of the kind it runs on.")
+
+
+def record_floors(kind: str, floors_s: dict, machine: str, torch_version: str, how: str,
+                  path: Path = FLOORS) -> None:
+    """Keep ``floors_s`` ({notebook: seconds}) as ``kind``'s floors in data/budget_floors.json; a notebook already
+    recorded keeps the smaller of its two values unless ``how`` is a floor measurement (which replaces it)."""
+    import datetime
+
+    data = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {"kinds": {}}
+    entry = data["kinds"].setdefault(kind, {"floors_s": {}})
+    for name, seconds in floors_s.items():
+        old = entry["floors_s"].get(name)
+        measured = how.startswith("measured")
+        entry["floors_s"][name] = round(seconds if old is None or measured else min(old, seconds), 1)
+    entry.update(machine=machine, torch=torch_version, date=datetime.date.today().isoformat(), how=how)
+    data["about"] = FLOORS_ABOUT
+    atomic_write_text(path, json.dumps(dict(about=data.pop("about"), **data), indent=1) + "\n")
+
+
+def write_floors(runs: dict, hw: dict, kind: str) -> None:
+    """Record a --measure-floors run as ``kind``'s floors (every notebook must have ended normally)."""
     bad = [k for k, r in runs.items() if r["status"] != "ok"]
     if bad:
         print(f"floors not written: {', '.join(bad)} did not end normally", file=sys.stderr)
         return
-    old = json.loads(FLOORS.read_text(encoding="utf-8")) if FLOORS.exists() else {"floors_s": {}}
-    old["floors_s"].update({k: round(r["seconds"], 1) for k, r in runs.items()})
-    old.update(about="Each notebook's wall-clock seconds in full mode with budget_s=1 (its floor: start-up, data, "
-                     "fixed demonstrations), measured by tools/run_course.py --measure-floors; tools/run_course.py "
-                     "divides a time budget from them.",
-               machine=f"{hw['cpu_cores']}-core {hw['cpu']}; " + (", ".join(g["name"] for g in hw["gpus"]) or "no GPU"),
-               torch=hw["torch"], date=datetime.date.today().isoformat())
-    atomic_write_text(FLOORS, json.dumps(old, indent=1) + "\n")
-    print(f"floors written to {FLOORS}")
+    record_floors(kind, {k: r["seconds"] for k, r in runs.items()}, machine_name(hw), hw["torch"],
+                  "measured: tools/run_course.py --measure-floors (budget_s=1)")
+    print(f"floors of {kind} written to {FLOORS}")
 
 
 if __name__ == "__main__":
