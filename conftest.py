@@ -31,6 +31,7 @@ def pytest_configure(config):
     os.environ["COURSE_QUICK"] = "1"
     os.environ["COURSE_DEVICE"] = "cpu"
     os.environ["COURSE_RUN_SOLUTIONS"] = "1"  # solution cells only show their code to a learner; CI runs them
+    os.environ["COURSE_GPUS"] = "all"  # predict for every datasheet GPU: one lacking a dtype must be said, not crash
     os.environ["COURSE_RESULTS_DIR"] = str(ROOT / "build" / "test-results")
     import matplotlib
 

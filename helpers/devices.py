@@ -54,6 +54,43 @@ def cpu_bf16_native() -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
+def compute_capability(device) -> tuple[int, int] | None:
+    """``(major, minor)`` of a CUDA ``device`` (7.5: T4; 8.0: A100; 9.0: H100, H200), None elsewhere (notebook 06)."""
+    device = torch.device(device)
+    return tuple(torch.cuda.get_device_capability(device)) if device.type == "cuda" else None
+
+
+def half_precision(device) -> torch.dtype | None:
+    """The one rule for a device's half precision, used by every lesson (notebook 06): bf16 where it is native —
+    CUDA compute capability >= 8.0 (Ampere and newer), a CPU with bf16 instructions — else fp16 on a CUDA GPU
+    (T4, V100: with ``GradScaler``) and on an Apple GPU; None on a CPU without bf16 instructions, where emulated
+    bf16 is slower than fp32. ``torch.cuda.is_bf16_supported()`` says True for GPUs that only emulate bf16."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.bfloat16 if compute_capability(device) >= (8, 0) else torch.float16
+    if device.type == "mps":
+        return torch.float16
+    return torch.bfloat16 if cpu_bf16_native() else None
+
+
+def has_tf32(device) -> bool:
+    """True where TF32 exists: CUDA GPUs of compute capability >= 8.0 (notebooks 02, 06, 08)."""
+    capability = compute_capability(device)
+    return capability is not None and capability >= (8, 0)
+
+
+def precisions(device) -> dict:
+    """The rows a lesson compares on ``device``: ``{"fp32": (torch.float32, False), "tf32": (torch.float32, True)
+    where TF32 exists, "bf16" or "fp16": (dtype, False) by ``half_precision``}`` (notebooks 02, 06, 08)."""
+    rows = {"fp32": (torch.float32, False)}
+    if has_tf32(device):
+        rows["tf32"] = (torch.float32, True)
+    half = half_precision(device)
+    if half is not None:
+        rows["bf16" if half is torch.bfloat16 else "fp16"] = (half, False)
+    return rows
+
+
 def _mps_available() -> bool:
     mps = getattr(torch.backends, "mps", None)
     return bool(mps is not None and mps.is_available())
@@ -144,28 +181,44 @@ def float32_precision(mode: str):
 
     On Ampere and newer GPUs cuDNN convolutions and RNNs default to TF32 while matmuls default to fp32, so an
     "fp32" timing of a conv net or an LSTM is really TF32 unless someone says otherwise. Measurements that compare
-    precisions set it explicitly with this and label TF32 as its own row. torch >= 2.9 has one ``fp32_precision``
-    per backend and operation (each set here, the RNN one where it exists); older torch has ``allow_tf32`` for
-    cuBLAS and one for all of cuDNN. No effect on CPUs; the previous settings come back after.
+    precisions set it explicitly with this and label TF32 as its own row. The block sets the two ``allow_tf32``
+    flags (cuBLAS, and one for all of cuDNN), which on torch >= 2.9 also set each backend's ``fp32_precision``
+    consistently: writing the new per-operator flags instead leaves a state in which reading a legacy flag
+    (``torch.backends.cuda.matmul.allow_tf32``, ``torch.get_float32_matmul_precision()``, as ``torch.compile``,
+    inductor and the profiler do) raises "mix of the legacy and new APIs" (pytorch#166387). No effect on CPUs;
+    the previous settings come back after.
     """
     if mode not in ("ieee", "tf32"):
         raise ValueError(f"mode must be 'ieee' (true fp32) or 'tf32', not {mode!r}")
-    flags = _precision_flags()
-    saved = [getattr(obj, attr) for _, obj, attr in flags]
-    for _, obj, attr in flags:
-        setattr(obj, attr, mode if attr == "fp32_precision" else mode == "tf32")
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    groups = [(matmul, [matmul]), (cudnn, [getattr(cudnn, op, None) for op in ("conv", "rnn")])]
+    saved = [_saved_flags(legacy, new) for legacy, new in groups]
+    matmul.allow_tf32 = cudnn.allow_tf32 = mode == "tf32"
     try:
         yield mode
     finally:
-        for (_, obj, attr), value in zip(flags, saved):
-            setattr(obj, attr, value)
+        for restore in saved:
+            restore()
+
+
+def _saved_flags(legacy, new: list):
+    """A function that restores one group's TF32 settings (cuBLAS, or all of cuDNN) as they are now: through its
+    legacy ``allow_tf32`` flag where that reads (a state both APIs read), else through the new per-operator flags
+    the learner set by hand (``float32_precision``)."""
+    try:
+        value = legacy.allow_tf32
+    except RuntimeError:  # a mix the learner made: given back exactly
+        flags = [(obj, obj.fp32_precision) for obj in new if hasattr(obj, "fp32_precision")]
+        return lambda: [setattr(obj, "fp32_precision", v) for obj, v in flags]
+    return lambda: setattr(legacy, "allow_tf32", value)
 
 
 def float32_settings() -> dict:
     """The fp32 precision in force per operation, read without assuming a torch version (notebook 08).
 
     torch >= 2.9: ``{"matmul": ..., "cuDNN conv": ..., "cuDNN RNN": ...}``, the ``fp32_precision`` values
-    (``"none"``: the global default, which is fp32); older torch: the two ``allow_tf32`` flags (True: TF32 allowed).
+    (``"none"``: the parent's setting, by default true fp32; ``float32_precision("ieee")`` leaves cuDNN's at
+    "none"); older torch: the two ``allow_tf32`` flags (True: TF32 allowed).
     """
     return {label: getattr(obj, attr) for label, obj, attr in _precision_flags()}
 

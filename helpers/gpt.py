@@ -344,16 +344,27 @@ def peak_mb(fn, device) -> float:
     return (torch.cuda.max_memory_allocated(device) - before) / 2**20
 
 
-def time_attention(batch: int, heads: int, seq_len: int, head_dim: int, device="cpu", *, dtype=torch.float32,
+def attention_dtype(device) -> torch.dtype:
+    """The dtype attention is timed in: a CUDA GPU's native half precision (bf16 from compute capability 8.0, fp16
+    below: ``helpers.devices.half_precision``), fp32 elsewhere (notebook 11)."""
+    from .devices import half_precision
+
+    return half_precision(device) if torch.device(device).type == "cuda" else torch.float32
+
+
+def time_attention(batch: int, heads: int, seq_len: int, head_dim: int, device="cpu", *, dtype=None,
                    min_run_time: float = 0.2) -> dict:
     """Forward + backward of causal attention per SDPA backend and hand-written: ms and peak MB (notebook 11).
 
-    A backend that cannot run these inputs (wrong device, dtype or shape) records its error instead.
+    ``dtype`` None: on a CUDA GPU its native half precision (``helpers.devices.half_precision``: bf16 from compute
+    capability 8.0, fp16 below; the flash and cuDNN kernels take no fp32), elsewhere fp32. Each row records its
+    ``dtype``; a backend that cannot run these inputs (wrong device, dtype or shape) records its error instead.
     """
     from torch.nn.attention import sdpa_kernel
 
     from .timing import time_fn
 
+    dtype = dtype or attention_dtype(device)
     q, k, v = (torch.randn(batch, heads, seq_len, head_dim, device=device, dtype=dtype, requires_grad=True)
                for _ in range(3))
     found = {}
@@ -366,9 +377,9 @@ def time_attention(batch: int, heads: int, seq_len: int, head_dim: int, device="
 
         try:
             ms = time_fn(step, device, min_run_time=min_run_time).median_s * 1e3
-            found[name] = {"ms": ms, "peak_mb": peak_mb(step, device)}
+            found[name] = {"ms": ms, "peak_mb": peak_mb(step, device), "dtype": str(dtype).removeprefix("torch.")}
         except RuntimeError as exc:
-            found[name] = {"error": str(exc).splitlines()[0][:160]}
+            found[name] = {"error": str(exc).splitlines()[0][:160], "dtype": str(dtype).removeprefix("torch.")}
     return found
 
 
@@ -414,7 +425,8 @@ def memory_snapshot(cfg: GPTConfig, batch_size: int, device, path, *, steps: int
     model = GPT(cfg).to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     x = torch.randint(0, cfg.vocab, (batch_size, cfg.seq_len), device=device)
-    torch.cuda.memory._record_memory_history(max_entries=200_000)
+    # Python frames only: symbolising C++ frames ("all", the default) has taken minutes (torchtitan#3628)
+    torch.cuda.memory._record_memory_history(max_entries=200_000, stacks="python")
     try:
         for _ in range(steps):
             lm_loss(model(x), torch.roll(x, -1, 1)).backward()

@@ -401,6 +401,7 @@ def memory_budget(device: str | torch.device, limit_mb: float | None):
         yield
         return
     total = torch.cuda.get_device_properties(device).total_memory
+    free_memory(device)  # blocks an earlier search cached would bypass the limit: the fraction caps new requests
     torch.cuda.set_per_process_memory_fraction(min(1.0, limit_mb * 2**20 / total), device)
     try:
         yield

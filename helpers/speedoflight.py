@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from .devices import float32_precision
+
 SCHEMA = 1
 MIB = 2**20
 # Square matmul sizes searched per device type, and the dtypes measured (a "maximum achievable matmul" search:
@@ -268,13 +270,41 @@ def predict_step(work, ceilings: dict) -> dict:
             "overlap": bool(ceilings.get("overlap")), "top_ops_s": top}
 
 
+def chosen_gpus() -> tuple:
+    """The datasheet GPUs the lessons predict for: ``$COURSE_GPUS`` (a comma list of datasheet names, or ``all``),
+    else ``DEFAULT_GPUS``; a name the datasheet lacks is a one-line error that lists the names it has."""
+    wanted = os.environ.get("COURSE_GPUS", "").strip()
+    if not wanted:
+        return DEFAULT_GPUS
+    known = tuple(datasheet())
+    if wanted.lower() == "all":
+        return known
+    names = tuple(n.strip() for n in wanted.split(",") if n.strip())
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"COURSE_GPUS names {', '.join(map(repr, unknown))}, which data/gpu_datasheet.json does not "
+                         f"hold; choose from {', '.join(known)}, or all")
+    return names
+
+
 def gpus_here(gpus=None) -> tuple:
-    """``gpus``, or by default ``DEFAULT_GPUS`` and the datasheet entry of the CUDA GPU in use, if it has one: on a
-    GPU the datasheet knows, every prediction can be set against a measurement (notebooks 01-08)."""
+    """``gpus``, or by default the GPUs of ``chosen_gpus`` (``$COURSE_GPUS``) and the datasheet entry of the CUDA
+    GPU in use, if it has one: on a GPU the datasheet knows, every prediction can be set against a measurement
+    (notebooks 01-08)."""
     if gpus is not None:
         return tuple(gpus)
+    chosen = chosen_gpus()
     own = datasheet_name(torch.device("cuda", torch.cuda.current_device())) if torch.cuda.is_available() else None
-    return DEFAULT_GPUS + ((own,) if own and own not in DEFAULT_GPUS else ())
+    return chosen + ((own,) if own and own not in chosen else ())
+
+
+def usable(predictions: dict, say=print) -> dict:
+    """The predictions of ``predict_gpus`` that hold a prediction; each GPU skipped is said with its reason (a GPU
+    whose datasheet lacks the dtype), never dropped silently (notebooks 01-08)."""
+    for gpu, p in predictions.items():
+        if "skipped" in p:
+            say(f"{gpu}: not predicted ({p['skipped']})")
+    return {gpu: p for gpu, p in predictions.items() if "skipped" not in p}
 
 
 def measured_over_predicted(measured: dict, predicted: dict) -> dict:
@@ -489,32 +519,37 @@ def check_predictions(cases: dict, device="cpu", *, ceilings: dict | None = None
     options}`` (a training step, timed by ``helpers.timing.time_train_step``) or ``{"fn", "args"}`` (one call,
     timed by ``helpers.timing.time_fn``). Returns ``{name: {"flops", "bytes", "ops", "kernels", "predicted_s",
     "measured_s", "ratio" (measured / predicted), "bound", "gpus"}}``, ``gpus`` holding the same counts predicted on
-    each datasheet GPU (``predict_gpus``). Nothing is fitted: the ceilings are measured once.
+    each datasheet GPU (``predict_gpus``). Nothing is fitted: the ceilings are measured once. Every case is timed
+    in true fp32 (``float32_precision("ieee")``): the fp32 peak it is divided by is true fp32's, while cuDNN's
+    convolutions and RNNs would run TF32 by default on Ampere and newer GPUs.
     """
     from .stepwork import count_fn, count_step
     from .timing import time_fn, time_train_step
 
     ceilings = ceilings or measured_ceilings(device)
+    with float32_precision("ieee"):
+        return {name: _check_case(dict(case), device, ceilings, min_run_time, gpus, count_fn, count_step, time_fn,
+                                  time_train_step) for name, case in cases.items()}
+
+
+def _check_case(case, device, ceilings, min_run_time, gpus, count_fn, count_step, time_fn, time_train_step) -> dict:
+    """One case of ``check_predictions``: counted, predicted, measured."""
     host_op_s = ceilings["op_s"] if str(ceilings.get("device", "cpu")) == "cpu" else None  # a CPU's, not a GPU's
-    found = {}
-    for name, case in cases.items():
-        case = dict(case)  # a call's inputs live on the device already; a training step copies its batch
-        if "fn" in case:
-            fn, args = case["fn"], [a.to(device) for a in case["args"]]
-            work = gpu_work = count_fn(fn, *[a.cpu() for a in case["args"]])
-            measured = time_fn(lambda: fn(*args), device, min_run_time=min_run_time).median_s
-        else:
-            model, batch = case.pop("model"), case.pop("batch")
-            work = count_step(model, batch, device, **case)  # counts on a copy: model stays untrained
-            gpu_work = work if torch.device(device).type == "cuda" else _gpu_count(model, batch, device, **case)
-            options = {k: v for k, v in case.items() if k in ("optimizer", "amp", "host_inputs", "channels_last")}
-            if isinstance(options.get("optimizer"), type):  # a class: time_train_step wants an instance
-                options["optimizer"] = options["optimizer"](model.parameters(), lr=0.01)
-            measured = time_train_step(model, batch, device, min_run_time=min_run_time, **options).median_s
-        p = predict_step(work, ceilings)
-        on_gpus = {gpu: {k: g[k] for k in ("step_s", "bound")} if "step_s" in g else g
-                   for gpu, g in predict_gpus(gpu_work, gpus, op_s=host_op_s, copy_batch="fn" not in case).items()}
-        found[name] = {"flops": work.flops, "bytes": work.bytes, "ops": work.ops, "kernels": work.kernels,
-                       "predicted_s": p["step_s"], "measured_s": measured, "ratio": measured / p["step_s"],
-                       "bound": p["bound"], "gpus": on_gpus}
-    return found
+    if "fn" in case:  # a call's inputs live on the device already; a training step copies its batch
+        fn, args = case["fn"], [a.to(device) for a in case["args"]]
+        work = gpu_work = count_fn(fn, *[a.cpu() for a in case["args"]])
+        measured = time_fn(lambda: fn(*args), device, min_run_time=min_run_time).median_s
+    else:
+        model, batch = case.pop("model"), case.pop("batch")
+        work = count_step(model, batch, device, **case)  # counts on a copy: model stays untrained
+        gpu_work = work if torch.device(device).type == "cuda" else _gpu_count(model, batch, device, **case)
+        options = {k: v for k, v in case.items() if k in ("optimizer", "amp", "host_inputs", "channels_last")}
+        if isinstance(options.get("optimizer"), type):  # a class: time_train_step wants an instance
+            options["optimizer"] = options["optimizer"](model.parameters(), lr=0.01)
+        measured = time_train_step(model, batch, device, min_run_time=min_run_time, **options).median_s
+    p = predict_step(work, ceilings)
+    on_gpus = {gpu: {k: g[k] for k in ("step_s", "bound")} if "step_s" in g else g
+               for gpu, g in predict_gpus(gpu_work, gpus, op_s=host_op_s, copy_batch="fn" not in case).items()}
+    return {"flops": work.flops, "bytes": work.bytes, "ops": work.ops, "kernels": work.kernels,
+            "predicted_s": p["step_s"], "measured_s": measured, "ratio": measured / p["step_s"],
+            "bound": p["bound"], "gpus": on_gpus}

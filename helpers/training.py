@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .devices import cpu_bf16_native, pick_device
+from .devices import half_precision, pick_device
 from .results import atomic_write, shown_path
 
 CHECKPOINT_FORMAT = "helpers.training/1"
@@ -37,30 +37,17 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def cuda_bf16_native(device=None) -> bool:
-    """True when the GPU computes bf16 in hardware (Ampere and newer). ``torch.cuda.is_bf16_supported()`` also
-    says True for GPUs that only *emulate* it (V100, T4), slower than fp16 there (notebook 06)."""
-    try:
-        return torch.cuda.is_bf16_supported(including_emulation=False)
-    except TypeError:  # torch before 2.3: no emulation flag; bf16 tensor cores came with compute capability 8.0
-        return torch.cuda.get_device_capability(device)[0] >= 8
-
-
 def resolve_amp(amp, device: torch.device) -> torch.dtype | None:
     """Map ``False | True | "auto" | "bf16" | "fp16"`` to the autocast dtype for ``device`` (notebook 06).
 
-    ``True``/``"auto"`` pick what the hardware runs natively: bf16 on recent NVIDIA GPUs, else fp16; fp16 on Apple
-    GPUs; bf16 on CPUs with bf16 instructions and *no* autocast on other CPUs (emulated bf16 is slower than fp32).
-    ``"bf16"``/``"fp16"`` are taken as asked.
+    ``True``/``"auto"`` pick what the hardware runs natively (``helpers.devices.half_precision``: bf16 on NVIDIA
+    GPUs of compute capability >= 8.0, else fp16; fp16 on Apple GPUs; bf16 on CPUs with bf16 instructions and *no*
+    autocast on other CPUs, where emulated bf16 is slower than fp32). ``"bf16"``/``"fp16"`` are taken as asked.
     """
     if amp is None or amp is False:
         return None
     if amp is True or amp == "auto":
-        if device.type == "cuda":
-            return torch.bfloat16 if cuda_bf16_native(device) else torch.float16
-        if device.type == "mps":
-            return torch.float16
-        return torch.bfloat16 if cpu_bf16_native() else None  # emulated bf16 is slower than fp32: no autocast
+        return half_precision(device)
     names = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
     if isinstance(amp, torch.dtype) and amp in names.values():
         return amp

@@ -146,58 +146,55 @@ def test_workers_follow_the_affinity_mask_not_the_node(monkeypatch):
     assert devices.loader_workers() == 8 and devices.loader_workers(cap=2) == 2
 
 
-def test_float32_precision_sets_matmul_and_conv_and_restores():
-    before = (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision)
-    assert before[1] == "tf32", "cuDNN convolutions default to TF32: the reason 'fp32' must be set explicitly"
+def _tf32_in_force() -> dict:
+    """Whether TF32 is allowed, per operation, as torch itself reads it (new flags: "none" inherits true fp32)."""
+    return {label: value == "tf32" for label, value in devices.float32_settings().items()}
+
+
+def _legacy_reads() -> tuple:
+    """The reads torch.compile, inductor and the profiler make: they raise after a mix of legacy and new flags."""
+    return (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision(),
+            torch.backends.cudnn.allow_tf32)
+
+
+def test_float32_precision_sets_matmul_conv_and_rnn_and_restores():
+    """cuDNN convolutions and RNNs default to TF32 (lesson 06's "fp32" conv and LSTM rows would be TF32 without
+    this), matmuls to fp32."""
+    before, legacy = _tf32_in_force(), _legacy_reads()
+    assert before == {"matmul": False, "cuDNN conv": True, "cuDNN RNN": True}, "the defaults the lesson teaches"
     with devices.float32_precision("ieee"):
-        assert (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision) == ("ieee",
-                                                                                                       "ieee")
-    assert (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision) == before
+        assert _tf32_in_force() == {"matmul": False, "cuDNN conv": False, "cuDNN RNN": False}
+    assert _tf32_in_force() == before and _legacy_reads() == legacy
+    with devices.float32_precision("tf32"):
+        assert _tf32_in_force() == {"matmul": True, "cuDNN conv": True, "cuDNN RNN": True}
+    assert _tf32_in_force() == before and _legacy_reads() == legacy
+    with pytest.raises(RuntimeError):
+        with devices.float32_precision("ieee"):
+            raise RuntimeError("an error inside the block")
+    assert _tf32_in_force() == before, "restored when the block raises, too"
     with pytest.raises(ValueError, match="'ieee'"):
         with devices.float32_precision("fp32"):
             pass
 
 
-def test_bf16_autocast_needs_native_bf16_on_cuda(monkeypatch):
-    from helpers import training
-
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
-    assert training.resolve_amp(True, torch.device("cuda")) is torch.float16, "emulated bf16 (V100, T4): use fp16"
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
-    assert training.resolve_amp("auto", torch.device("cuda")) is torch.bfloat16
-
-    def old_torch():  # no including_emulation argument
-        return True
-
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", old_torch)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (7, 0))
-    assert training.cuda_bf16_native() is False
-
-
-def test_float32_precision_sets_the_cudnn_rnn_flag_too_and_restores():
-    """cuDNN RNNs default to TF32 as convolutions do (lesson 06's "fp32" LSTM rows would be TF32 without this)."""
-    rnn = torch.backends.cudnn.rnn
-    before = rnn.fp32_precision
-    assert before == "tf32", "cuDNN RNNs default to TF32: the reason 'fp32' must set the RNN flag as well"
-    with devices.float32_precision("ieee"):
-        assert rnn.fp32_precision == "ieee"
-        assert devices.float32_settings() == {"matmul": "ieee", "cuDNN conv": "ieee", "cuDNN RNN": "ieee"}
-    assert rnn.fp32_precision == before
-    with pytest.raises(RuntimeError):
-        with devices.float32_precision("ieee"):
-            raise RuntimeError("an error inside the block")
-    assert rnn.fp32_precision == before, "restored when the block raises, too"
-
-
-def test_float32_precision_without_the_rnn_flag(monkeypatch):
-    """A torch with matmul/conv fp32_precision but no cudnn.rnn.fp32_precision: the two it has are set."""
-    import types
-
-    monkeypatch.setattr(torch.backends.cudnn, "rnn", types.SimpleNamespace())
-    flags = devices._precision_flags()
-    assert [label for label, _, _ in flags] == ["matmul", "cuDNN conv"]
-    with devices.float32_precision("ieee"):
-        assert torch.backends.cudnn.conv.fp32_precision == "ieee"
+@pytest.mark.parametrize("mode", ["ieee", "tf32"])
+def test_the_legacy_flags_stay_readable_inside_and_after_the_block(mode):
+    """pytorch#166387: after a write through the new per-operator flags, reading a legacy flag raises "mix of the
+    legacy and new APIs". A learner who compiles or profiles inside the block (or after it) reads them."""
+    with devices.float32_precision(mode):
+        matmul_tf32, precision, cudnn_tf32 = _legacy_reads()
+        assert matmul_tf32 is (mode == "tf32") and cudnn_tf32 is (mode == "tf32")
+        assert precision == ("high" if mode == "tf32" else "highest")
+    _legacy_reads()
+    torch.backends.cuda.matmul.fp32_precision = "tf32"  # what the block used to write: the reads raise
+    try:
+        with pytest.raises(RuntimeError, match="mix of the legacy and new"):
+            torch.backends.cuda.matmul.allow_tf32
+        with devices.float32_precision(mode):  # a learner's own new-API state is given back exactly
+            _legacy_reads()
+        assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = False
 
 
 def test_float32_precision_on_torch_before_2_9(monkeypatch):
@@ -210,5 +207,5 @@ def test_float32_precision_on_torch_before_2_9(monkeypatch):
                                                                             (torch.backends.cudnn, "allow_tf32")]
     assert set(devices.float32_settings()) == {"matmul allow_tf32", "cuDNN allow_tf32"}
     with devices.float32_precision("ieee"):
-        assert matmul.allow_tf32 is False
+        assert matmul.allow_tf32 is False and torch.backends.cudnn.allow_tf32 is False
     assert matmul.allow_tf32 is True

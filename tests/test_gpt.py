@@ -144,3 +144,24 @@ def test_token_windows_do_not_overlap_and_targets_are_shifted_by_one():
         w[len(w)]
     with pytest.raises(ValueError, match="use a shorter seq_len"):
         gpt.TokenWindows(torch.arange(5), 5)
+
+
+@pytest.mark.parametrize("capability,dtype", [((7, 5), torch.float16), ((8, 0), torch.bfloat16), ((9, 0), torch.bfloat16)])
+def test_attention_is_timed_in_the_gpus_native_half_precision(monkeypatch, capability, dtype):
+    """Flash and cuDNN attention take no fp32: on a T4 (7.5) fp16, from Ampere (8.0) bf16; fp32 on a CPU."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert gpt.attention_dtype("cuda") is dtype
+    assert gpt.attention_dtype("cpu") is torch.float32
+
+
+def test_the_memory_snapshot_records_python_stacks_only(monkeypatch, tmp_path):
+    """CPU stand-in for CUDA's allocator history: C++ stacks ("all", the default) have taken minutes to symbolise."""
+    import pickle
+
+    seen = []
+    monkeypatch.setattr(torch.cuda.memory, "_record_memory_history", lambda *a, **kw: seen.append(kw))
+    monkeypatch.setattr(torch.cuda.memory, "_dump_snapshot", lambda p: open(p, "wb").write(pickle.dumps({"ok": 1})))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    got = gpt.memory_snapshot(SMALL, 2, "cpu", tmp_path / "snap.pickle", steps=1)
+    assert got == {"ok": 1}
+    assert seen[0].get("stacks") == "python" and seen[-1] == {"enabled": None}

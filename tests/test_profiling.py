@@ -3,6 +3,7 @@ out-of-memory search and its recovery, activation checkpointing, and DDP against
 import math
 import statistics
 import time
+from types import SimpleNamespace
 
 import matplotlib
 import pytest
@@ -284,3 +285,15 @@ def test_find_max_batch_tries_a_minimum_before_its_deadline():
     found = find_max_batch(lambda b: float(b), start=8, cap=4096, deadline=time.monotonic() - 1, min_trials=3,
                            log=lambda _: None)
     assert list(found["trials"]) == [8, 16, 32] and found["max_batch"] == 32 and found["stopped"] == "time"
+
+
+def test_memory_budget_empties_the_cache_before_it_sets_the_fraction(monkeypatch):
+    """CPU stand-in for CUDA: blocks cached by an earlier search would bypass the new limit, so the cache is
+    emptied first; the whole device comes back after."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(total_memory=1000 * 2**20))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d: calls.append(("fraction", f)))
+    with profiling.memory_budget("cuda", 250):
+        calls.append("inside")
+    assert calls == ["empty_cache", ("fraction", 0.25), "inside", "empty_cache", ("fraction", 1.0)]

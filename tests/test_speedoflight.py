@@ -1,5 +1,6 @@
 """helpers.speedoflight: measured ceilings (cached), the GPU datasheet (every number sourced), predict_step."""
 import copy
+from types import SimpleNamespace
 import json
 import math
 
@@ -203,6 +204,7 @@ def test_a_missing_peak_is_an_error_not_a_guess():
 
 
 def test_the_gpu_in_use_joins_the_predictions_when_the_datasheet_knows_it(monkeypatch):
+    monkeypatch.delenv("COURSE_GPUS", raising=False)  # make test sets "all" for the notebooks
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
@@ -282,3 +284,53 @@ def test_predicted_matmul_names_the_regime_that_binds():
     assert small["bound"] == "overhead" and large["bound"] == "compute", found
     assert large["gflops"] == pytest.approx(speedoflight.predicted_matmul([8192], "float32", ("A100 80GB SXM",),
                                                                           op_s=1e-5)["A100 80GB SXM"][8192])
+
+
+def test_course_gpus_chooses_the_gpus_predicted_for(monkeypatch):
+    """$COURSE_GPUS: unset, the defaults; 'all', every datasheet entry; a list, those; a wrong name, one line."""
+    from helpers import speedoflight
+
+    monkeypatch.delenv("COURSE_GPUS", raising=False)
+    assert speedoflight.chosen_gpus() == speedoflight.DEFAULT_GPUS
+    monkeypatch.setenv("COURSE_GPUS", "all")
+    assert set(speedoflight.chosen_gpus()) == set(speedoflight.datasheet()) and "H200 SXM" in speedoflight.gpus_here()
+    monkeypatch.setenv("COURSE_GPUS", "T4, H200 SXM")
+    assert speedoflight.gpus_here() == ("T4", "H200 SXM")
+    monkeypatch.setenv("COURSE_GPUS", "T4,B200")
+    with pytest.raises(ValueError, match="'B200'.*choose from"):
+        speedoflight.chosen_gpus()
+
+
+def test_a_gpu_without_the_dtype_is_said_not_dropped(monkeypatch):
+    """The H200's datasheet entry has no FP32 row: an fp32 step is skipped for it, with the reason said once."""
+    from helpers import speedoflight
+
+    from helpers.stepwork import count_fn
+
+    a = torch.randn(256, 256)
+    work = count_fn(lambda x: x @ a, torch.randn(256, 256))  # an fp32 matmul
+    said = []
+    got = speedoflight.usable(speedoflight.predict_gpus(work, ("T4", "H200 SXM"), op_s=1e-6), say=said.append)
+    assert list(got) == ["T4"] and "step_s" in got["T4"]
+    assert len(said) == 1 and said[0].startswith("H200 SXM: not predicted (") and "float32" in said[0]
+
+
+def test_check_predictions_times_in_true_fp32(monkeypatch):
+    """The fp32 peak a measurement is divided by is true fp32's: the timing runs with TF32 off for matmuls, cuDNN
+    convolutions and cuDNN RNNs (on Ampere and newer, cuDNN would run TF32 by default), and the settings return."""
+    from helpers import devices, timing
+
+    seen = []
+
+    def fake_time_fn(fn, device, **kw):
+        seen.append(devices.float32_settings())
+        assert torch.backends.cudnn.allow_tf32 is False and torch.backends.cuda.matmul.allow_tf32 is False
+        return SimpleNamespace(median_s=1e-3)
+
+    monkeypatch.setattr(timing, "time_fn", fake_time_fn)
+    before = devices.float32_settings()
+    ceilings = {"flops_per_s": {"float32": 1e11}, "bytes_per_s": 1e10, "op_s": 1e-6, "device": "cpu"}
+    speedoflight.check_predictions({"mm": dict(fn=torch.mm, args=[torch.randn(8, 8), torch.randn(8, 8)])}, "cpu",
+                                   ceilings=ceilings, gpus=("T4",))
+    assert seen and all("tf32" not in s.values() for s in seen), seen  # "none": the parent's, true fp32
+    assert devices.float32_settings() == before

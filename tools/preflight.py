@@ -51,7 +51,7 @@ def check_torch(r: Report) -> None:
 
     from helpers.devices import _nvidia_driver, cpu_bf16_native, usable_cpus
     from helpers.regimes import matmul_rate
-    from helpers.training import cuda_bf16_native
+    from helpers.devices import half_precision
 
     def tflops(device, dtype, n: int = 2048) -> float:  # lesson 08's timed matmul, in TFLOP/s
         return matmul_rate(n, device, dtype)["gflops"] / 1e3
@@ -69,7 +69,7 @@ def check_torch(r: Report) -> None:
         p = torch.cuda.get_device_properties(i)
         try:
             fp32 = tflops(dev, torch.float32)
-            bf16 = tflops(dev, torch.bfloat16) if cuda_bf16_native(dev) else None
+            bf16 = tflops(dev, torch.bfloat16) if half_precision(dev) is torch.bfloat16 else None
         except RuntimeError as exc:
             r.problem(BLOCKS, f"GPU {i} ({p.name}) failed a matmul: {str(exc)[:100]}",
                       "check `nvidia-smi`; another job may hold the GPU, or the driver is older than torch's CUDA")
