@@ -388,14 +388,20 @@ def _prefetched(loader) -> int:
 
 
 def _like(loader, **changes):
-    """A DataLoader like ``loader`` (same dataset, sampler, collate, workers) with ``changes``; any other loader
-    (a list of batches, ``DeviceLoader``) as it is, which is safe to iterate again."""
+    """A DataLoader that batches exactly as ``loader`` does — its own dataset, sampler or batch sampler objects,
+    collate, workers — with ``changes`` (what a lever needs); any other loader (a list of batches, a re-made
+    generator, ``DeviceLoader``) as it is, which is safe to iterate again. A new DataLoader each time, so that two
+    passes never share one set of persistent workers."""
     from torch.utils.data import DataLoader, IterableDataset
 
-    if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
+    if not isinstance(loader, DataLoader):
         return loader
-    batching = dict(batch_sampler=loader.batch_sampler) if loader.batch_size is None else \
-        dict(batch_size=loader.batch_size, sampler=loader.sampler, drop_last=loader.drop_last)
+    if isinstance(loader.dataset, IterableDataset):  # the stream batches itself, or by batch_size
+        batching = dict(batch_size=loader.batch_size, drop_last=loader.drop_last)
+    elif loader.batch_sampler is not None:  # batch_size=N (DataLoader made this BatchSampler) or a batch_sampler
+        batching = dict(batch_sampler=loader.batch_sampler)
+    else:  # batch_size=None: no automatic batching, the sampler's items go to the dataset as they are
+        batching = dict(batch_size=None, sampler=loader.sampler)
     kw = dict(dataset=loader.dataset, collate_fn=loader.collate_fn, num_workers=loader.num_workers,
               pin_memory=loader.pin_memory, worker_init_fn=loader.worker_init_fn, generator=loader.generator,
               persistent_workers=loader.persistent_workers, prefetch_factor=loader.prefetch_factor,
@@ -404,6 +410,35 @@ def _like(loader, **changes):
     if not kw["num_workers"]:
         kw.update(persistent_workers=False, prefetch_factor=None, multiprocessing_context=None)
     return DataLoader(**kw)
+
+
+def loader_setting(loader) -> str:
+    """How ``loader`` batches, in one phrase for an error line (``DataLoader(batch_size=None, sampler=BatchSampler,
+    num_workers=0)``, ``a list of batches``)."""
+    from torch.utils.data import DataLoader, IterableDataset
+
+    if not isinstance(loader, DataLoader):
+        return "a re-made generator" if isinstance(loader, Remade) else f"a {type(loader).__name__} of batches"
+    if isinstance(loader.dataset, IterableDataset):
+        how = f"an IterableDataset, batch_size={loader.batch_size}"
+    elif loader.batch_size is None and loader.batch_sampler is None:
+        how = f"batch_size=None, sampler={type(loader.sampler).__name__}"
+    elif type(loader.batch_sampler).__name__ == "BatchSampler" and loader.batch_size is not None:
+        how = f"batch_size={loader.batch_size}, sampler={type(loader.sampler).__name__}"
+    else:
+        how = f"batch_sampler={type(loader.batch_sampler).__name__}"
+    return f"DataLoader({how}, num_workers={loader.num_workers})"
+
+
+class Remade:
+    """A loader that a script makes anew for each pass (``make_loader()`` returning a generator or an iterator):
+    every ``iter()`` calls the factory again, so each of diagnose's passes gets a fresh one."""
+
+    def __init__(self, make):
+        self.make = make
+
+    def __iter__(self):
+        return iter(self.make())
 
 
 # ---------------------------------------------------------------- what the step is, measured and counted
@@ -796,6 +831,9 @@ def _measure_levers(b: _Bench, names, memory_limit_mb, judge) -> tuple[dict, dic
     return measured, skipped, verdict
 
 
+_STAGE: list = []  # what diagnose was doing last: the command line names it when something fails
+
+
 def diagnose(model: nn.Module, loader, loss_fn=None, optimizer=None, device="auto", budget_s: float = 60, *,
              host_inputs=(), levers=None, memory_limit_mb: float | None = None) -> Diagnosis:
     """Measure what holds back one training step of ``model`` fed by ``loader``, and what each lever buys (notebook 10).
@@ -811,14 +849,18 @@ def diagnose(model: nn.Module, loader, loss_fn=None, optimizer=None, device="aut
     if hasattr(loader, "__next__"):  # a generator or iterator: one pass only
         raise ValueError("diagnose needs a loader it can iterate several times (a DataLoader or a list of batches), "
                          "not a one-shot iterator or generator")
+    _STAGE.clear()
+    stage = _STAGE.append
     with _untouched(model, optimizer) as (work, opt):
         work.to(device).train()
+        stage("reading the loader's first batches")
         batches = _first_batches(loader)
         batch = batches[0]
         b = _Bench(work, opt, loader, batches, device, loss_fn, host_inputs, t0 + budget_s,
                    chunk_s=min(0.3, max(0.03, budget_s / 150)))
         first = copy.deepcopy((work, opt))  # copied outside the measured step: the copy is not the step's memory
         t1 = time.perf_counter()
+        stage("the first training step")
         too_big = _fits(lambda: _step(*first, batch, device, loss_fn, host_inputs), device, memory_limit_mb)
         first_s, first = time.perf_counter() - t1, None
         free_memory(device)
@@ -829,8 +871,11 @@ def diagnose(model: nn.Module, loader, loss_fn=None, optimizer=None, device="aut
         names = default_levers(device) if levers is None else tuple(levers)
         threads = _lever(b, "threads", 0.1 * budget_s, memory_limit_mb) if "threads" in names else "not asked for"
         with _threads(threads["threads"] if _clearly_faster(threads) else None):
+            stage("timing the phases, the real step, the model alone and the input alone")
             phase_ms, b.rates, spread, overlap = _core(b, budget_s, first_s)
+            stage("counting the step's operators, FLOPs and bytes (the floors)")
             floors = _floors(b, b.rates)
+            stage("measuring the levers")
             measured, skipped, (bottleneck, reason) = _measure_levers(
                 b, [n for n in names if n != "threads"], memory_limit_mb,
                 lambda got: classify(b.rates, phase_ms, floors, got))
@@ -855,8 +900,10 @@ def _load(script: str) -> tuple:
         raise ValueError(f"{script} must define {', '.join(missing)}")
     try:
         model = spec["make_model"]()
-        return model, spec["make_loader"](), spec.get("loss_fn"), spec["make_optimizer"](model), \
-            spec.get("host_inputs", ())
+        loader = spec["make_loader"]()
+        if hasattr(loader, "__next__"):  # a generator or iterator: made anew for each of diagnose's passes
+            loader = Remade(spec["make_loader"])
+        return model, loader, spec.get("loss_fn"), spec["make_optimizer"](model), spec.get("host_inputs", ())
     except Exception as exc:
         raise ValueError(f"{script}'s functions raised {type(exc).__name__}: "
                          f"{(str(exc).splitlines() or [''])[0]}") from None
@@ -871,7 +918,9 @@ def main(argv=None) -> int:
     ap.add_argument("--levers", default="", help=f"levers to add to the default set, comma-separated (e.g. compile; "
                                                  f"all: {', '.join(ALL_LEVERS)})")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
+    ap.add_argument("--debug", action="store_true", help="show the traceback of a failure inside diagnose")
     args = ap.parse_args(argv)
+    loader = None
     try:
         model, loader, loss_fn, optimizer, host_inputs = _load(args.script)
         device = pick_device(args.device)
@@ -884,6 +933,13 @@ def main(argv=None) -> int:
     except ValueError as exc:
         print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
+    except Exception as exc:  # inside diagnose: one line naming the stage and the loader, the traceback on demand
+        if args.debug:
+            raise
+        print(f"error: diagnose failed while {(_STAGE or ['starting'])[-1]}, with {loader_setting(loader)}: "
+              f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]} (--debug shows the traceback)",
+              file=sys.stderr)
+        return 1
     print(json.dumps(result.to_dict(), indent=1) if args.json else result.markdown())
     return 0
 

@@ -362,3 +362,89 @@ def test_command_line_diagnoses_lesson_11_gpt_from_its_example_file(capsys, one_
     assert out["bottleneck"] not in ("input", "transfer", "out of memory"), out["reason"]
     assert out["input_items_per_s"] > out["model_items_per_s"], out
     assert 0 < out["floors"]["mfu_real"] < 1, out["floors"]
+
+
+LOADER_SCRIPT = '''
+import torch
+from torch import nn
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, TensorDataset
+
+torch.manual_seed(0)
+X, Y = torch.randn(2048, 32), torch.randint(0, 4, (2048,))
+
+
+class Wide(nn.Module):  # an elementwise model with one input, as scripts written outside the course have
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(32) * 0.1)
+        self.head = nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.head(torch.relu(x * self.w + 1.0))
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        return iter(zip(X, Y))
+
+
+def make_model():
+    return Wide()
+
+
+def make_optimizer(model):
+    return torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def make_loader():
+    data = TensorDataset(X, Y)
+    return {FORM}
+'''
+
+LOADER_FORMS = {
+    "batch_size=N": "DataLoader(data, batch_size=128, shuffle=True)",
+    "batch_size=None with a sampler of index lists":
+        "DataLoader(data, batch_size=None, sampler=BatchSampler(RandomSampler(data), 128, drop_last=True))",
+    "a custom batch_sampler": "DataLoader(data, batch_sampler=BatchSampler(RandomSampler(data), 128, drop_last=False))",
+    "an IterableDataset": "DataLoader(Stream(), batch_size=128)",
+    "a generator": "((X[i:i + 128], Y[i:i + 128]) for i in range(0, len(X), 128))",
+    "a list of batches": "[(X[i:i + 128], Y[i:i + 128]) for i in range(0, len(X), 128)]",
+}
+
+
+@pytest.mark.parametrize("form", list(LOADER_FORMS))
+def test_diagnose_gives_a_verdict_for_every_way_a_loader_can_batch(form, tmp_path, capsys, one_thread):
+    """Issue 34: a DataLoader with batch_size=None and a BatchSampler as its sampler once ended in a traceback
+    (diagnose rebuilt the loader from its attributes and batched it differently). Every form batches as the
+    script's own loader does (128 items), and a generator is made anew for each pass."""
+    from helpers.diagnose import main
+
+    script = tmp_path / "script.py"
+    script.write_text(LOADER_SCRIPT.replace("{FORM}", LOADER_FORMS[form]))
+    assert main([str(script), "--device", "cpu", "--budget-s", "2", "--json"]) == 0, capsys.readouterr().err
+    out = json.loads(capsys.readouterr().out)
+    assert out["batch_size"] == 128 and out["bottleneck"] in ("input", "overhead", "compute", "memory", "transfer"), out
+
+
+def test_a_failure_inside_diagnose_is_one_line_naming_the_stage_and_the_loader(tmp_path, capsys, one_thread):
+    """A fault that is not the script's own ends in one line: what diagnose was doing and how the loader batches;
+    --debug shows the traceback instead."""
+    from helpers import diagnose
+
+    script = tmp_path / "script.py"
+    script.write_text(LOADER_SCRIPT.replace("{FORM}", LOADER_FORMS["batch_size=None with a sampler of index lists"]))
+
+    def broken_core(*args, **kwargs):
+        raise TypeError("a fault inside diagnose")
+
+    real = diagnose._core
+    diagnose._core = broken_core
+    try:
+        assert diagnose.main([str(script), "--device", "cpu", "--budget-s", "2"]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("error: diagnose failed while timing the phases"), err
+        assert "DataLoader(batch_size=None, sampler=BatchSampler, num_workers=0)" in err and "--debug" in err, err
+        with pytest.raises(TypeError, match="a fault inside diagnose"):
+            diagnose.main([str(script), "--device", "cpu", "--budget-s", "2", "--debug"])
+    finally:
+        diagnose._core = real
