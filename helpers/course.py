@@ -42,6 +42,7 @@ class Lesson:
     reference: dict = field(default_factory=dict)
     budget_s: float | None = None
     started: float = field(default_factory=time.monotonic)  # when setup() ran: budget_s counts from here
+    saved: bool = False  # the whole record is written (save): no partial one after it
 
     @property
     def on_gpu(self) -> bool:
@@ -96,13 +97,62 @@ class Lesson:
 
     def save(self, record: dict) -> Path:
         """Record the notebook's headline results with the hardware, mode and device (``build/results``)."""
+        self.saved = True
         path = results.save_results(self.notebook, record, quick=self.quick, device=str(self.device),
                                     hardware=self.hardware, budget_s=self.budget_s)
         print("recorded:", results.shown_path(path))  # not this machine's folders
         return path
 
+    def save_partial(self, namespace: dict) -> Path | None:
+        """Record what the notebook has measured so far, marked ``"partial": true``: its plain-data variables
+        (numbers, text, and lists and dicts of them). Under a time budget ``setup`` calls this after every cell
+        until ``save`` writes the whole record, so a notebook stopped at its limit still leaves its
+        measurements (``make gpu-check``)."""
+        if self.saved:
+            return None
+        found = {k: v for k, v in namespace.items() if not k.startswith("_") and k not in _NOT_RESULTS
+                 and _plain(v)}
+        if not found:
+            return None
+        return results.save_results(self.notebook, found, quick=self.quick, device=str(self.device),
+                                    hardware=self.hardware, budget_s=self.budget_s, partial=True)
+
     def reference_names(self) -> str:
         return ", ".join(f"`{name}`" for name in self.reference)
+
+
+_NOT_RESULTS = {"In", "Out", "exit", "quit", "get_ipython", "quick", "device", "budget_s"}
+
+
+def _plain(value, depth: int = 0, budget: list | None = None) -> bool:
+    """True for plain data worth keeping as a partial result: numbers, short text, None, and lists, tuples and
+    dicts of them (at most 4 deep and 10,000 values in all)."""
+    budget = [10_000] if budget is None else budget
+    budget[0] -= 1
+    if budget[0] < 0 or depth > 4:
+        return False
+    if value is None or isinstance(value, (bool, int, float)):
+        return True
+    if isinstance(value, str):
+        return len(value) <= 200
+    if isinstance(value, (list, tuple)):
+        return bool(value) and all(_plain(v, depth + 1, budget) for v in value)
+    if isinstance(value, dict):
+        return bool(value) and all(isinstance(k, (str, int, float)) and _plain(v, depth + 1, budget)
+                                   for k, v in value.items())
+    return False
+
+
+def _save_after_each_cell(lesson: "Lesson") -> None:
+    """Under a time budget, keep what the notebook has measured after every cell (``Lesson.save_partial``)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is None:
+        return
+    shell.events.register("post_run_cell", lambda result: lesson.save_partial(shell.user_ns))
 
 
 def setup(notebook: str, quick: bool, device: str, *, needs: str | None = "gpu", note: str = "",
@@ -114,7 +164,8 @@ def setup(notebook: str, quick: bool, device: str, *, needs: str | None = "gpu",
     - when the run lacks what the lesson ``needs`` (``"gpu"``: CUDA or MPS; ``"cuda"``; None: nothing), a visible
       notice says so and names the committed
       reference results that the figures will show instead (``note`` adds the lesson's own sentence);
-    - ``budget_s`` (a notebook parameter) bounds the notebook's longest work through ``Lesson.within_budget``;
+    - ``budget_s`` (a notebook parameter) bounds the notebook's longest work through ``Lesson.within_budget``,
+      and the notebook's measurements so far are saved after every cell, marked partial (``Lesson.save_partial``);
     - ``predicts``: the lesson's GPU sections show predictions from the GPU datasheet where no reference exists
       (``helpers.speedoflight``), and the notice says so;
     - without CUDA, ``KINETO_LOG_LEVEL`` defaults to 6 (silent): the profiler's own log lines are noise there.
@@ -126,6 +177,7 @@ def setup(notebook: str, quick: bool, device: str, *, needs: str | None = "gpu",
     lesson = Lesson(notebook, quick, dev, devices.describe(), results.load_reference(notebook), budget_s)
     if budget_s is not None:
         print(f"time budget: {budget_s:.0f} s for this notebook (make gpu-check); what is sized to fit it says so")
+        _save_after_each_cell(lesson)  # stopped at its limit, the notebook still leaves what it measured
     _display_markdown(f"**Your hardware** (this notebook runs on `{dev}`, quick mode: {quick})\n\n"
                       + devices.describe_markdown(lesson.hardware))
     if (needs == "gpu" and not lesson.on_gpu) or (needs == "cuda" and dev.type != "cuda"):

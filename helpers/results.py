@@ -134,10 +134,11 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
 
 
 def save_results(notebook: str, results: dict, *, quick: bool, device: str, out_dir: str | Path | None = None,
-                 hardware: dict | None = None, budget_s: float | None = None) -> Path:
+                 hardware: dict | None = None, budget_s: float | None = None, partial: bool = False) -> Path:
     """Write a notebook's headline results with hardware, torch version, quick flag and time (notebook 00).
 
-    ``budget_s``: the time budget the run was sized to (``make gpu-check``), None for a run at its full sizes.
+    ``budget_s``: the time budget the run was sized to (``make gpu-check``), None for a run at its full sizes;
+    ``partial``: what a notebook had measured when it last saved before its end (``helpers.course``).
     """
     record = {
         "schema": SCHEMA,
@@ -145,6 +146,7 @@ def save_results(notebook: str, results: dict, *, quick: bool, device: str, out_
         "quick": bool(quick),
         "device": str(device),
         "budget_s": budget_s,
+        "partial": bool(partial),
         "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "hardware": hardware if hardware is not None else describe(),
         "results": to_jsonable(results),
@@ -216,7 +218,8 @@ def write_report(results: str | Path | None = None, out: str | Path | None = Non
             f"torch {hw.get('torch')}",
             f"- Device: `{rec['device']}`, quick mode: {rec['quick']}, recorded {rec['timestamp']}"
             + (f", sized to a budget of {rec['budget_s']:.0f} s" if rec.get("budget_s") else "")
-            + (" — STOPPED at its time limit: partial results" if rec.get("stopped") else ""),
+            + (" — STOPPED at its time limit: partial results" if rec.get("stopped") else
+               " — partial: saved before the notebook's end" if rec.get("partial") else ""),
             "",
             "| result | value |",
             "|---|---|",

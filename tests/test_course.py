@@ -172,3 +172,23 @@ def test_setup_keeps_the_learners_own_kineto_level(monkeypatch):
     monkeypatch.delenv("KINETO_LOG_LEVEL")
     course.setup("09_profiler_and_memory", True, "cpu", needs=None)
     assert os.environ.get("KINETO_LOG_LEVEL") == (None if torch.cuda.is_available() else "6")
+
+
+def test_a_partial_save_keeps_the_plain_data_measured_so_far(tmp_path, monkeypatch):
+    """Under a time budget the lesson saves its plain-data variables after every cell, marked partial, until its
+    own save writes the whole record (issue 34: a notebook stopped at its limit leaves what it measured)."""
+    import json
+
+    from helpers import course
+
+    monkeypatch.setenv("COURSE_RESULTS_DIR", str(tmp_path))
+    lesson = course.Lesson("99_demo", True, torch.device("cpu"), {"name": "test"}, budget_s=30)
+    namespace = {"step_ms": {"fp32": 1.5, "bf16": [0.9, 1.0]}, "model": torch.nn.Linear(2, 2), "_private": 1,
+                 "quick": True, "x": torch.ones(3), "note": "measured", "huge": list(range(20_000)), "empty": {}}
+    path = lesson.save_partial(namespace)
+    record = json.loads(path.read_text())
+    assert record["partial"] is True and record["budget_s"] == 30
+    assert record["results"] == {"step_ms": {"fp32": 1.5, "bf16": [0.9, 1.0]}, "note": "measured"}
+    lesson.save({"step_ms": 1.5})
+    assert json.loads(path.read_text())["partial"] is False
+    assert lesson.save_partial(namespace) is None, "after the whole record, no partial one overwrites it"

@@ -51,7 +51,9 @@ def budget_run(tmp_path_factory):
     sleeper = tmp / "rank_sleeper.py"  # its path is the marker of the ranks in the process table
     sleeper.write_text("import time\ntime.sleep(900)\n")
     up = tmp / "ranks-up"
-    _notebook(nbs, "21_sleeps", "print('budget', budget_s)", "import time\ntime.sleep(900)")
+    _notebook(nbs, "21_sleeps", "print('budget', budget_s)\nfrom helpers.course import setup\n"
+              "lesson = setup('21_sleeps', quick, 'cpu', needs=None, budget_s=budget_s)",
+              "measured = {'first section': [1.5, 2.5]}", "import time\ntime.sleep(900)")
     _notebook(nbs, "22_dies", "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")
     _notebook(nbs, "23_torchrun", f"""import os, subprocess, sys, time
 subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
@@ -88,6 +90,10 @@ def test_a_notebook_past_its_limit_is_stopped_and_the_run_goes_on(budget_run):
     assert times["notebooks"] == {"24_fine": pytest.approx(times["runs"]["24_fine"]["seconds"], abs=0.1)}
     report = (out / "report.md").read_text()
     assert "| 21_sleeps | stopped |" in report and "| 24_fine | ok |" in report
+    partial = json.loads((out / "results" / "21_sleeps.json").read_text())
+    assert partial["partial"] is True and partial["stopped"] is True, "what it measured before the stop is kept"
+    assert partial["results"]["measured"] == {"first section": [1.5, 2.5]}
+    assert "| 21_sleeps | stopped |" in report and "partial results" in report
     saved = nbformat.read(out / "notebooks" / "21_sleeps.ipynb", as_version=4)
     assert any("budget" in o.get("text", "") for c in saved.cells for o in c.get("outputs", [])), \
         "what the notebook did before the stop is kept"

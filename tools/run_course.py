@@ -311,10 +311,11 @@ def _run_all(args, todo: list, out: Path, budget: float | None, runs: dict, kind
             rest = fit(prefixes[i - 1:], left, floors)
             planned = start(prefix, rest, left, deadline_left(), floors, args.limit_grace) if prefix in rest else None
             if planned is None:
-                runs[nb.stem] = {"status": "not run", "seconds": 0.0, "floor_s": floors.get(prefix, DEFAULT_FLOOR_S),
-                                 "message": f"budget: its floor of {floors.get(prefix, DEFAULT_FLOOR_S):.0f} s did not "
-                                            f"fit the {max(left, 0):.0f} s left with the notebooks after it"}
-                print(f"[{i}/{len(todo)}] {nb.name}: not run: budget ({runs[nb.stem]['message'][8:]})", flush=True)
+                runs[nb.stem] = {"status": "not run: budget", "seconds": 0.0,
+                                 "floor_s": floors.get(prefix, DEFAULT_FLOOR_S),
+                                 "message": f"its floor of {floors.get(prefix, DEFAULT_FLOOR_S):.0f} s did not fit the "
+                                            f"{max(left, 0):.0f} s left with the notebooks after it"}
+                print(f"[{i}/{len(todo)}] {nb.name}: not run: budget ({runs[nb.stem]['message']})", flush=True)
                 continue
             params["budget_s"], limit = round(planned[0], 2), planned[1]
         print(f"[{i}/{len(todo)}] {nb.name} ..." + (f" (budget {params['budget_s']:.0f} s, limit {limit:.0f} s)"
