@@ -32,10 +32,11 @@ help:
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+# constraints.txt: the versions CI tested (pins for Python 3.11; other Pythons resolve pyproject's ranges)
+$(VENV)/.installed: pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "Installing the course into $(VENV) (first time: a few minutes, PyTorch is large)..."
-	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev]" 2>&1 | grep -v "^WARNING: Location" || true
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[dev]" 2>&1 | grep -v "^WARNING: Location" || true
 	@$(PY) -c "import torch, torchvision, helpers, nbval, papermill" || { echo "install failed: see the pip output above"; exit 1; }
 	@touch $@
 
@@ -43,7 +44,7 @@ $(VENV)/.installed: pyproject.toml
 site-venv: $(VENV)/.site-installed
 
 $(VENV)/.site-installed: $(VENV)/.installed
-	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev,site]" 2>&1 | grep -v "^WARNING: Location" || true
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[dev,site]" 2>&1 | grep -v "^WARNING: Location" || true
 	@$(PY) -c "import sphinx, myst_nb, playwright" || { echo "install of the site extra failed: see above"; exit 1; }
 	@touch $@
 

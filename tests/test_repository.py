@@ -156,3 +156,25 @@ def test_a_gpu_run_gives_its_gpu_floors_of_its_own(tmp_path):
     assert run_course.load_floors("cpu", floors_path)[0]["05"] == 203.1, "the CPU's floors are untouched"
     assert "not" in promote_reference.keep_floors(times(1.0, quick=True), floors_path)
     assert run_course.load_floors("NVIDIA H200", floors_path)[0]["00"] == 4.0
+
+
+def test_the_constraints_pin_what_ci_tested_and_the_makefile_uses_them():
+    """constraints.txt: plain pins (no local build label such as +cu130) of every package pyproject names, for
+    the Python CI ran; the Makefile installs through it; pyproject keeps ranges, whose floors the pins satisfy."""
+    from packaging.requirements import Requirement
+
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            req = Requirement(line)
+            spec = str(req.specifier)
+            assert spec.startswith("==") and "+" not in spec and "*" not in spec, line
+            assert str(req.marker) == 'python_version == "3.11"', line
+            pins[req.name.lower()] = spec[2:]
+    proj = _pyproject()["project"]
+    for dep in proj["dependencies"] + sum(proj["optional-dependencies"].values(), []):
+        req = Requirement(dep)
+        assert req.name.lower() in pins, f"{req.name} has no pin in constraints.txt"
+        assert req.specifier.contains(pins[req.name.lower()]), f"{req.name}=={pins[req.name.lower()]} outside {dep}"
+    make = (ROOT / "Makefile").read_text()
+    assert make.count("-c constraints.txt") == 2 and "pyproject.toml constraints.txt" in make
