@@ -153,16 +153,19 @@ def ceiling_fractions(achieved_gflops: dict, ceiling_gflops: float, *, precision
     """Each achieved rate as a fraction of a measured ceiling of the *same* precision (notebook 02).
 
     ``achieved_gflops`` maps a label to GFLOP/s, ``ceiling_gflops`` is the best rate measured for ``precision``.
-    A fraction above 1 means the ceiling was not one: most often the two sides ran in different precisions (a
-    convolution left in cuDNN's default TF32 against a true-fp32 matmul), or the ceiling's sizes were too small
-    to reach the device's peak. That raises ``ValueError`` rather than draw a bar above 100 %.
+    A fraction above 1 is returned as it is: ``above_ceiling`` says why it can happen.
     """
     if ceiling_gflops <= 0:
         raise ValueError(f"the {precision} ceiling must be a positive rate, not {ceiling_gflops}")
-    fractions = {label: rate / ceiling_gflops for label, rate in achieved_gflops.items()}
-    above = {label: round(f, 3) for label, f in fractions.items() if f > 1}
-    if above:
-        raise ValueError(f"fraction of the {precision} ceiling above 1 for {above}: the ceiling "
-                         f"({ceiling_gflops:.4g} GFLOP/s) and the workloads were not measured alike (precision: set "
-                         "both with helpers.devices.float32_precision), or the ceiling's matrices were too small")
-    return fractions
+    return {label: rate / ceiling_gflops for label, rate in achieved_gflops.items()}
+
+
+def above_ceiling(fractions: dict, *, precision: str = "fp32") -> list[str]:
+    """One line for each fraction of ``ceiling_fractions`` above 1, with its two likely causes (notebook 02): the
+    library chose an algorithm that does fewer operations than the direct count the rate divides (cuDNN's Winograd
+    or FFT convolutions: Lavin & Gray, 2016), or the two sides did not run in the same precision (a convolution left
+    in cuDNN's default TF32 against a true-fp32 matmul: ``helpers.devices.float32_precision``)."""
+    return [f"{label}: {f:.0%} of the {precision} matmul ceiling. Above 100 % means one of two things: the library "
+            "chose an algorithm that does fewer arithmetic operations than the direct count this rate divides "
+            "(Winograd or FFT convolutions in cuDNN), or the work and the ceiling ran in different precisions "
+            "(TF32 against true fp32)." for label, f in fractions.items() if f > 1]
