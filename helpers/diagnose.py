@@ -42,6 +42,7 @@ from .profiling import (
     annotated_step,
     forever,
     free_memory,
+    out_of_memory,
     profiler_peak_mb,
 )
 from .training import (
@@ -213,9 +214,10 @@ def _fits(run, device, memory_limit_mb: float | None) -> str | None:
                 return f"needs {peak:.0f} MB, over the {memory_limit_mb:.0f} MB limit"
         else:
             run()
-    except torch.OutOfMemoryError as exc:
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+    except RuntimeError as exc:  # CUDA's OutOfMemoryError, or the RuntimeError of MPS; anything else is raised
+        if not out_of_memory(exc):
+            raise
+        free_memory(device)
         return f"out of memory ({str(exc).splitlines()[0][:100]})"
     return None
 

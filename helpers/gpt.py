@@ -328,12 +328,21 @@ def attention_backends(device) -> list:
 
 
 def peak_mb(fn, device) -> float:
-    """Peak MB allocated while ``fn()`` runs beyond what was allocated before: CUDA memory statistics on a GPU,
-    the profiler's memory view on a CPU (``helpers.profiling``; notebooks 09, 11)."""
+    """Peak MB allocated while ``fn()`` runs beyond what was allocated before: CUDA memory statistics on a GPU;
+    on an Apple GPU, which has no peak counter, how much the Metal driver's allocation grows from an emptied cache
+    (the blocks ``fn`` needed, which the cache then holds); the profiler's memory view on a CPU
+    (``helpers.profiling``; notebooks 09, 11)."""
     from .devices import synchronize
     from .profiling import profiler_peak_mb
 
     device = torch.device(device)
+    if device.type == "mps":
+        torch.mps.synchronize()
+        torch.mps.empty_cache()
+        before = torch.mps.driver_allocated_memory()
+        fn()
+        torch.mps.synchronize()
+        return (torch.mps.driver_allocated_memory() - before) / 2**20
     if device.type != "cuda":
         return profiler_peak_mb(fn)
     synchronize(device)

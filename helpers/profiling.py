@@ -366,11 +366,20 @@ def _mps_allocated(device: torch.device) -> int:
     return torch.mps.current_allocated_memory() if device.type == "mps" else 0
 
 
+def out_of_memory(err: BaseException) -> bool:
+    """True when ``err`` says a device ran out of memory: CUDA's ``torch.OutOfMemoryError``, or the plain
+    ``RuntimeError`` Apple's MPS backend raises ("MPS backend out of memory") (notebooks 09, 10)."""
+    return isinstance(err, torch.OutOfMemoryError) or (
+        isinstance(err, RuntimeError) and "MPS backend out of memory" in str(err))
+
+
 def free_memory(device: str | torch.device) -> None:
     """Give freed memory back after an out-of-memory error: collect garbage, empty the CUDA cache (notebook 09)."""
     gc.collect()
     if torch.device(device).type == "cuda":
         torch.cuda.empty_cache()
+    elif torch.device(device).type == "mps":
+        torch.mps.empty_cache()
 
 
 def planted_limit(measure: Callable[[int], float], limit_mb: float) -> Callable[[int], float]:
@@ -426,10 +435,13 @@ def find_max_batch(measure: Callable[[int], float], *, start: int = 8, cap: int 
         try:
             trials[batch] = measure(batch)
             return True
-        except torch.OutOfMemoryError as err:  # only this error: anything else is a bug to see
-            trials[batch], message = None, str(err).splitlines()[0][:140]
+        except RuntimeError as err:  # only running out of memory: anything else is a bug to see
+            if not out_of_memory(err):
+                raise
+            trials[batch], message, kind = None, str(err).splitlines()[0][:140], type(err).__name__
         free_memory(device)  # after the except block: the traceback no longer holds the step's tensors
-        log(f"batch {batch}: torch.OutOfMemoryError ({message}) — recovered, searching lower")
+        log(f"batch {batch}: {'torch.OutOfMemoryError' if kind == 'OutOfMemoryError' else 'out of memory'} "
+            f"({message}) — recovered, searching lower")
         return False
 
     def late() -> bool:

@@ -448,3 +448,20 @@ def test_a_failure_inside_diagnose_is_one_line_naming_the_stage_and_the_loader(t
             diagnose.main([str(script), "--device", "cpu", "--budget-s", "2", "--debug"])
     finally:
         diagnose._core = real
+
+
+def test_an_mps_out_of_memory_error_ends_the_diagnosis_as_out_of_memory():
+    """The first step raising MPS's plain RuntimeError ("MPS backend out of memory") is met as CUDA's
+    OutOfMemoryError is (CPU stand-in); another RuntimeError is the model's own and is raised."""
+    from helpers.diagnose import _fits
+
+    def oom():
+        raise RuntimeError("MPS backend out of memory (MPS allocated: 7.9 GB, max allowed: 8.0 GB)")
+
+    assert _fits(oom, torch.device("cpu"), None).startswith("out of memory (MPS backend out of memory")
+
+    def wrong():
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+    with pytest.raises(RuntimeError, match="shapes"):
+        _fits(wrong, torch.device("cpu"), None)

@@ -297,3 +297,26 @@ def test_memory_budget_empties_the_cache_before_it_sets_the_fraction(monkeypatch
     with profiling.memory_budget("cuda", 250):
         calls.append("inside")
     assert calls == ["empty_cache", ("fraction", 0.25), "inside", "empty_cache", ("fraction", 1.0)]
+
+
+def test_an_mps_out_of_memory_error_is_met_like_cudas(monkeypatch):
+    """Apple's MPS backend raises a plain RuntimeError ("MPS backend out of memory"), not torch.OutOfMemoryError:
+    the largest-batch search recovers from it as from CUDA's (CPU stand-in: the error raised by hand); any other
+    RuntimeError is still raised."""
+    def measure(batch):
+        if batch > 50:
+            raise RuntimeError(f"MPS backend out of memory (MPS allocated: 7.9 GB, other allocations: 0 B, max "
+                               f"allowed: 8.0 GB). Tried to allocate {batch} MB on private pool.")
+        return float(batch)
+
+    found = profiling.find_max_batch(measure, start=8, log=lambda s: None)
+    assert 48 <= found["max_batch"] <= 50 and None in found["trials"].values(), found
+    assert profiling.out_of_memory(RuntimeError("MPS backend out of memory (…)"))
+    assert profiling.out_of_memory(torch.OutOfMemoryError("CUDA out of memory"))
+    assert not profiling.out_of_memory(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+
+    def broken(batch):
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+    with pytest.raises(RuntimeError, match="shapes"):
+        profiling.find_max_batch(broken, start=8, log=lambda s: None)
