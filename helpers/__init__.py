@@ -1,9 +1,28 @@
 """Helpers for the course "GPU training performance in PyTorch".
 
-One module per concept: ``devices``, ``timing``, ``results``, ``training``, ``plots`` (and, from
-notebook 01 on, ``labels``, ``data``, ``models``). Importing does no work: no device probing, no data.
+One module per concept, in the floors of ``LAYERS``: a module imports only from floors below its own
+(``tests/test_house.py`` reads the source, imports inside functions included, and fails on an upward import or a
+circle). Importing does no work: no device probing, no data. Notebook 00 shows how the lessons call it.
 """
 import os
+
+# The floors of the package, from the ground up: (what the floor is, its modules). A newcomer reads from the top:
+# the notebook preamble and figures call the applications, which run the training loop, which measures against
+# the ceilings, built from the pieces below, which time one step on a device.
+LAYERS = (
+    ("devices: pick, describe, synchronise, precision; text wrapping", ("devices", "text")),
+    ("results files: save, load, where they go", ("results",)),
+    ("the training step: precision, scaler, batch to the device, the step", ("step",)),
+    ("synchronised clocks: time_fn, time_train_step", ("timing",)),
+    ("data, models, schedules; counting a step (FLOPs, bytes, operators); timed copies and operations",
+     ("labels", "vowels", "cifar10", "models", "schedules", "stepwork", "transfer", "regimes")),
+    ("measured and published ceilings, MFU, predictions; the profiler and memory; torchrun from a notebook",
+     ("speedoflight", "profiling", "launcher")),
+    ("the training loop (fit, evaluate, checkpoints); the small GPT and its measurements", ("training", "gpt")),
+    ("what the lessons run: sweeps, the DDP per-rank program, FSDP2, diagnose",
+     ("sweep", "distributed", "sharding", "diagnose")),
+    ("the notebook preamble, exercises, figures", ("course", "plots")),
+)
 
 
 def course_parameters(quick: bool, device: str) -> tuple[bool, str]:

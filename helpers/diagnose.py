@@ -45,14 +45,8 @@ from .profiling import (
     out_of_memory,
     profiler_peak_mb,
 )
-from .training import (
-    _rng_state,
-    _set_rng_state,
-    make_scaler,
-    optimizer_step,
-    resolve_amp,
-    split_batch,
-)
+from .step import make_scaler, optimizer_step, resolve_amp, split_batch
+from .training import rng_state, set_rng_state
 
 LESSON = {"threads": "01 and 02", "workers": "04", "decoded": "04", "pinned": "03", "amp": "06",
           "channels_last": "06", "batch": "05 and 09", "compile": "08"}
@@ -164,14 +158,14 @@ def _lever_table(d: Diagnosis) -> list:
 def _untouched(model: nn.Module, optimizer):
     """Copies of model and optimizer to measure with (the optimizer keeps pointing at the copy's parameters);
     the RNG states are restored afterwards, so the learner's run continues as if nothing happened."""
-    rng = _rng_state()
+    rng = rng_state()
     work_model, work_opt = copy.deepcopy((model, optimizer))
     # An LR scheduler patches optimizer.step with a closure over the *original* optimizer; Optimizer.__getstate__
     # leaves that patch out of the copy, so the copy steps its own parameters (a test holds torch to it).
     try:
         yield work_model, work_opt
     finally:
-        _set_rng_state(rng)
+        set_rng_state(rng)
 
 
 def _items(batch) -> int:
@@ -199,7 +193,7 @@ def _first_batches(loader, most: int = 16, mb: float = 256) -> list:
 
 
 def _step(model, optimizer, batch, device, loss_fn, host_inputs) -> None:
-    """One plain training step (``training.optimizer_step``), to see whether a batch fits."""
+    """One plain training step (``step.optimizer_step``), to see whether a batch fits."""
     inputs, target = split_batch(batch, device, host_inputs)
     optimizer_step(model, optimizer, inputs, target, loss_fn=loss_fn, scaler=make_scaler(device, None), device=device)
 

@@ -293,7 +293,8 @@ def _step_hook(args, me: Rank, steps_per_epoch: int):
 def _report(args, me: Rank, model, history, train_images: int, source: str, lr: float, test_loader,
             speeds: dict) -> None:
     """Rank 0: log the epochs, test once, write the results JSON and the final parameters."""
-    from .training import evaluate, flip_accuracy, resolve_amp
+    from .step import resolve_amp
+    from .training import evaluate, flip_accuracy
 
     for e in history.epochs:
         val = f", validation accuracy {e['val_accuracy']:.4f}" if "val_accuracy" in e else ""
@@ -357,7 +358,8 @@ def setup(args, me: Rank) -> SimpleNamespace:
 
 def train(args, me: Rank) -> None:
     """Train the network with DDP on this rank: data slice, replica, fit, and rank 0's report."""
-    from .training import fit, resolve_amp
+    from .step import resolve_amp
+    from .training import fit
 
     r = setup(args, me)
     lr = scaled_lr(args, me)  # the peak rate (a OneCycle schedule starts below it)

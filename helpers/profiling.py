@@ -28,7 +28,7 @@ from torch.profiler import ProfilerActivity, profile, record_function, schedule
 from torch.utils.checkpoint import checkpoint
 
 from .devices import synchronize
-from .training import split_batch
+from .step import split_batch
 
 PHASES = ("data wait", "host to device", "forward", "backward", "optimizer")
 PHASE_PREFIX = "phase/"       # record_function names: "phase/forward", ...

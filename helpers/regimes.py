@@ -114,7 +114,7 @@ def compare_compiled(make_model, batch, device="auto", *, amp=False, mode: str |
     the kernels from inductor's on-disk cache and pays less.
     """
     from .timing import time_train_step
-    from .training import train_step
+    from .step import train_step
 
     device = pick_device(device)
     torch.manual_seed(0)

@@ -78,7 +78,7 @@ def lr_range_test(model, loader, *, device="cpu", start: float = 1e-5, end: floa
     a good peak LR is somewhat below where the smoothed loss is lowest. The model's weights change: use a copy.
     """
     from .devices import pick_device
-    from .training import split_batch
+    from .step import split_batch
 
     device = pick_device(device)
     model.to(device).train()

@@ -468,7 +468,7 @@ def predicted_training(make_model, batch, *, images: int, epochs: int = 1, amp: 
     """Predicted time of ``epochs`` epochs of ``images`` items, in steps like one on ``batch``, on one of each
     datasheet GPU (notebook 05): ``{gpu: {"epoch_s", "total_s", "step_s", "bound", "dtype", "label"}}``.
 
-    ``amp=True`` counts the step in the dtype autocast picks on that GPU (``helpers.training.resolve_amp``): bf16
+    ``amp=True`` counts the step in the dtype autocast picks on that GPU (``helpers.step.resolve_amp``): bf16
     where the datasheet has a bf16 peak, else fp16. An fp16 step is the bf16 count with its dtype renamed: both are
     2-byte types that autocast applies to the same operators, and a CPU without fp16 arithmetic would take many
     times longer to run the step in fp16 than to count it in bf16. ``input_items_per_s``: the input pipeline's rate as measured

@@ -1,7 +1,7 @@
 """The work of one training step, counted: FLOPs, bytes each operator moves, operators launched, bytes copied to the
 device (taught in notebook 08; ``helpers.speedoflight`` turns the counts into a predicted step time).
 
-``count_step`` runs one real training step (forward, loss, backward, optimizer: ``helpers.training.optimizer_step``,
+``count_step`` runs one real training step (forward, loss, backward, optimizer: ``helpers.step.optimizer_step``,
 the step ``fit`` takes and ``helpers.timing.time_train_step`` times) under two dispatch modes:
 
 - PyTorch's ``torch.utils.flop_counter.FlopCounterMode`` counts the FLOPs of matrix products, convolutions and
@@ -290,7 +290,7 @@ def count_step(model: nn.Module, batch, device: str | torch.device = "cpu", *, o
                foreach: bool = False) -> StepWork:
     """Count the FLOPs, bytes, operators and host→device bytes of one training step of ``model`` (notebook 08).
 
-    The step is ``helpers.training.optimizer_step`` on ``batch = (*inputs, target)``, copied from the host inside the
+    The step is ``helpers.step.optimizer_step`` on ``batch = (*inputs, target)``, copied from the host inside the
     counted step (as ``fit`` does; ``host_inputs`` stay on the host), with the arguments of
     ``helpers.timing.time_train_step`` so the same step can be counted and timed. It runs on a *copy* of the model
     with a fresh optimizer of the same kind (``optimizer``: an instance, a class, or None for ``SGD(lr=0.01)``), so
@@ -300,7 +300,7 @@ def count_step(model: nn.Module, batch, device: str | torch.device = "cpu", *, o
     on a CPU that predicts a GPU (``helpers.speedoflight``).
     """
     from .devices import pick_device
-    from .training import make_scaler, optimizer_step, resolve_amp, split_batch
+    from .step import make_scaler, optimizer_step, resolve_amp, split_batch
 
     device = pick_device(device)
     model, opt, host = _prepared(model, batch, device, optimizer, channels_last, foreach)

@@ -115,14 +115,14 @@ def time_train_step(model: nn.Module, batch, device: str | torch.device = "auto"
                     pinned: bool = False, warmup: int = 2, min_run_time: float = 0.2, label: str = "") -> Timing:
     """Time one full training step (forward, loss, backward, optimizer) of ``model`` on a fixed ``batch``.
 
-    The step is ``helpers.training.optimizer_step``, the one ``fit`` takes. By default the batch is moved to
+    The step is ``helpers.step.optimizer_step``, the one ``fit`` takes. By default the batch is moved to
     ``device`` once, so only compute is timed; ``batch_on_host=True`` copies it every step (from pinned memory
     with ``non_blocking`` if ``pinned``), to time the transfer too (notebook 03). ``optimizer`` defaults to
     ``SGD(lr=0.01)``; ``channels_last`` converts model and images. The result's ``items_per_s`` is samples/s and,
     on CUDA, ``peak_memory_mb`` the peak allocated memory (notebooks 01-06).
     """
     from .devices import pick_device
-    from .training import make_scaler, optimizer_step, resolve_amp, split_batch
+    from .step import make_scaler, optimizer_step, resolve_amp, split_batch
 
     device = pick_device(device)
     *inputs, target = batch

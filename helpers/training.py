@@ -20,8 +20,9 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .devices import half_precision, pick_device
+from .devices import pick_device
 from .results import atomic_write, shown_path
+from .step import make_scaler, optimizer_step, resolve_amp, split_batch
 
 CHECKPOINT_FORMAT = "helpers.training/1"
 
@@ -35,25 +36,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def resolve_amp(amp, device: torch.device) -> torch.dtype | None:
-    """Map ``False | True | "auto" | "bf16" | "fp16"`` to the autocast dtype for ``device`` (notebook 06).
-
-    ``True``/``"auto"`` pick what the hardware runs natively (``helpers.devices.half_precision``: bf16 on NVIDIA
-    GPUs of compute capability >= 8.0, else fp16; fp16 on Apple GPUs; bf16 on CPUs with bf16 instructions and *no*
-    autocast on other CPUs, where emulated bf16 is slower than fp32). ``"bf16"``/``"fp16"`` are taken as asked.
-    """
-    if amp is None or amp is False:
-        return None
-    if amp is True or amp == "auto":
-        return half_precision(device)
-    names = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
-    if isinstance(amp, torch.dtype) and amp in names.values():
-        return amp
-    if isinstance(amp, str) and amp.lower() in names:
-        return names[amp.lower()]
-    raise ValueError(f"amp={amp!r} is not understood: use False, True, 'auto', 'bf16' or 'fp16'")
 
 
 @dataclass
@@ -78,21 +60,6 @@ class History:
 
 
 # ---------------------------------------------------------------- batches and evaluation
-
-def _to(x, device: torch.device):
-    # Host-to-GPU copies are always non_blocking: from pinned memory the copy overlaps with what the host does next;
-    # from pageable memory it still skips a per-copy synchronisation (notebook 03 measures both).
-    if isinstance(x, torch.Tensor):
-        return x.to(device, non_blocking=device.type == "cuda")
-    return x
-
-
-def split_batch(batch, device: torch.device, host_inputs=()) -> tuple[list, torch.Tensor]:
-    """Move a ``(*inputs, target)`` batch to ``device``, keeping the inputs numbered in ``host_inputs`` on the CPU."""
-    *inputs, target = batch
-    inputs = [x if i in host_inputs else _to(x, device) for i, x in enumerate(inputs)]
-    return inputs, _to(target, device)
-
 
 def _unwrap(model: nn.Module) -> nn.Module:
     # A DDP wrapper's forward may start collectives (buffer broadcasts) that the other ranks would not join:
@@ -157,54 +124,10 @@ def flip_accuracy(model: nn.Module, loader, device="auto", *, amp=False) -> dict
             "plain": (plain.argmax(1) == target).sum().item() / len(target), "count": len(target)}
 
 
-# ---------------------------------------------------------------- the step
-
-def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, inputs: list, target: torch.Tensor, *,
-                   loss_fn: Callable, scaler: torch.amp.GradScaler, device: torch.device, dtype=None,
-                   grad_clip: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """One training step, the textbook loop: forward + loss under autocast, backward, step (notebook 00).
-
-    Autocast wraps the forward pass and the loss only. ``scaler`` multiplies the loss before ``backward`` and
-    divides the gradients before the step; it is a pass-through unless the dtype is fp16 (notebook 06).
-    """
-    with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-        out = model(*inputs)
-        loss = loss_fn(out, target)
-    optimizer.zero_grad(set_to_none=True)
-    scaler.scale(loss).backward()
-    if grad_clip is not None:
-        scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
-        nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    scaler.step(optimizer)
-    scaler.update()
-    return out, loss
-
-
-def make_scaler(device: torch.device, dtype) -> torch.amp.GradScaler:
-    """A ``GradScaler`` that is active only for fp16 autocast (bf16 and fp32 need no loss scaling)."""
-    return torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
-
-
-def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch, device="auto", *, loss_fn=None, amp=False,
-               host_inputs=()) -> Callable[[], torch.Tensor]:
-    """One fixed batch, moved to ``device`` once; returns a function doing one full training step on it.
-
-    The step is the one ``fit`` takes (``optimizer_step``, a ``GradScaler`` with fp16 included), for timing
-    compute alone (no data loading) with ``helpers.timing.time_fn`` (notebooks 01, 02, 06).
-    """
-    device = pick_device(device)
-    model.to(device).train()
-    loss_fn = loss_fn or nn.CrossEntropyLoss()
-    dtype = resolve_amp(amp, device)
-    scaler = make_scaler(device, dtype)
-    inputs, target = split_batch(batch, device, host_inputs)
-    return lambda: optimizer_step(model, optimizer, inputs, target, loss_fn=loss_fn, scaler=scaler, device=device,
-                                  dtype=dtype)[1]
-
-
 # ---------------------------------------------------------------- checkpoints
 
-def _rng_state() -> dict:
+def rng_state() -> dict:
+    """The state of every random generator (Python, NumPy, torch, CUDA), for a checkpoint (notebook 04)."""
     np_state = np.random.get_state()
     state = {
         "torch": torch.get_rng_state(),
@@ -216,8 +139,8 @@ def _rng_state() -> dict:
     return state
 
 
-def _set_rng_state(state: dict) -> None:
-    """Restore the generators saved by ``_rng_state``. The states must be CPU tensors (``set_rng_state`` refuses
+def set_rng_state(state: dict) -> None:
+    """Restore the generators saved by ``rng_state``. The states must be CPU tensors (``set_rng_state`` refuses
     others), and CUDA states are restored only for the GPUs this machine has (a run may resume elsewhere)."""
     torch.set_rng_state(state["torch"])
     version, internal, gauss = state["python"]
@@ -397,7 +320,7 @@ class _Loop:
                 "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
                 "scaler": self.scaler.state_dict(), "epoch": epoch, "batch_in_epoch": batch_in_epoch,
                 "iteration": self.iteration, "history": self.history.state_dict(), "partial": dict(totals),
-                "rng": _rng_state(), "epoch_rng": epoch_rng, "extra": self.extra or {}}
+                "rng": rng_state(), "epoch_rng": epoch_rng, "extra": self.extra or {}}
 
     def restore(self, path: Path) -> tuple[int, int, dict, tuple]:
         """Load a ``snapshot``; return (epoch, batches done in it, the epoch's totals so far, RNG states)."""
@@ -447,13 +370,13 @@ def _start_epoch(loader, epoch: int, skip: int, resume_rng: tuple | None):
         if hasattr(holder, "set_epoch"):
             holder.set_epoch(epoch)
     if resume_rng is not None:
-        _set_rng_state(resume_rng[0])
-    epoch_rng = _rng_state()
+        set_rng_state(resume_rng[0])
+    epoch_rng = rng_state()
     batches = iter(loader)
     for _ in range(skip):
         next(batches)  # replays the data order and augmentation draws of the interrupted epoch
     if resume_rng is not None:
-        _set_rng_state(resume_rng[1])
+        set_rng_state(resume_rng[1])
     return batches, epoch_rng
 
 
@@ -531,7 +454,7 @@ def _end_epoch(loop: _Loop, meter: EpochMeter) -> None:
         record["val_accuracy"] = loop.history.validation[-1]["accuracy"]
     loop.history.epochs.append(record)
     if loop.checkpoint is not None:
-        save_checkpoint(loop.checkpoint, loop.snapshot(meter.epoch + 1, 0, _rng_state(), EpochMeter(0, 0).totals))
+        save_checkpoint(loop.checkpoint, loop.snapshot(meter.epoch + 1, 0, rng_state(), EpochMeter(0, 0).totals))
 
 
 def _open_checkpoint(loop: _Loop, checkpoint, resume: bool, save_checkpoints: bool) -> tuple:

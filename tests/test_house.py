@@ -148,3 +148,60 @@ def test_every_lesson_ends_by_naming_the_next_one():
         last = _markdown(here)[-1].rstrip().split("\n")[-1]
         assert last == f"**Next:** [{title}]({there.name}).", f"{here.name} ends with {last!r}"
     assert _markdown(lessons[-1])[-1].rstrip().endswith("**Next:** back to the [course map](../README.md#course-map).")
+
+
+def _helpers_imports() -> dict:
+    """{module: {helpers modules it imports}} read from the source: every import statement, at module level or
+    inside a function, relative or absolute, of the package or of a subpackage."""
+    import ast
+
+    pkg = ROOT / "helpers"
+    found = {}
+    for path in sorted(pkg.rglob("*.py")):
+        name = ".".join(path.relative_to(pkg).with_suffix("").parts)
+        if name == "__init__":
+            continue
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = node.module.split(".")[0] if node.module else None
+                    deps |= {base} if base else {a.name for a in node.names}
+                elif node.module and node.module.split(".")[0] == "helpers":
+                    parts = node.module.split(".")
+                    deps |= {parts[1]} if len(parts) > 1 else {a.name for a in node.names}
+            elif isinstance(node, ast.Import):
+                deps |= {a.name.split(".")[1] for a in node.names if a.name.startswith("helpers.")}
+            elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in (
+                    "import_module", "__import__"):
+                deps.add("<dynamic import>")
+        found[name] = deps - {name, "course_parameters", "LAYERS"}
+    return found
+
+
+def test_helpers_has_floors_and_no_module_imports_upward_or_in_a_circle():
+    """Issue 37: the floors are data (helpers.LAYERS); every module sits on exactly one floor and imports only from
+    floors below its own, imports inside functions included; no importlib or __import__ to get around it."""
+    from helpers import LAYERS
+
+    floor = {m: i for i, (_, modules) in enumerate(LAYERS) for m in modules}
+    imports = _helpers_imports()
+    assert set(imports) == set(floor), f"modules without a floor: {set(imports) - set(floor)}; " \
+                                       f"floors naming no module: {set(floor) - set(imports)}"
+    assert sum(len(m) for _, m in LAYERS) == len(floor), "a module on two floors"
+    bad = [f"{m} (floor {floor[m]}) imports {d} (floor {floor.get(d)})" for m, deps in imports.items() for d in deps
+           if d not in floor or floor[d] >= floor[m]]
+    assert not bad, "imports that are not from a floor below:\n" + "\n".join(sorted(bad))
+
+
+def test_the_import_check_sees_imports_inside_functions_and_circles(tmp_path, monkeypatch):
+    """The check above can fail: a function-level import upward is found (the way the training/timing circle hid)."""
+    source = (ROOT / "helpers" / "step.py").read_text(encoding="utf-8")
+    assert "training" not in _helpers_imports()["step"]
+    planted = source + "\n\ndef _planted():\n    from .training import fit  # noqa: F401\n"
+    real_read = Path.read_text
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: planted if self.name == "step.py" and
+                        self.parent.name == "helpers" else real_read(self, *a, **k))
+    assert "training" in _helpers_imports()["step"]
+    with pytest.raises(AssertionError, match="step .* imports training"):
+        test_helpers_has_floors_and_no_module_imports_upward_or_in_a_circle()

@@ -73,10 +73,10 @@ def test_time_train_step_trains_and_reports_throughput():
 
 
 def test_time_train_step_options_reach_the_step(monkeypatch):
-    from helpers import training
+    from helpers import step
 
     seen = {}
-    real = training.optimizer_step
+    real = step.optimizer_step
 
     def spy(model, optimizer, inputs, target, **kw):
         seen.setdefault("formats", set()).add(inputs[0].is_contiguous(memory_format=torch.channels_last))
@@ -84,14 +84,14 @@ def test_time_train_step_options_reach_the_step(monkeypatch):
         return real(model, optimizer, inputs, target, **kw)
 
     moves = []
-    real_split = training.split_batch
+    real_split = step.split_batch
 
     def split_spy(*args, **kw):
         moves.append(1)
         return real_split(*args, **kw)
 
-    monkeypatch.setattr(training, "optimizer_step", spy)
-    monkeypatch.setattr(training, "split_batch", split_spy)
+    monkeypatch.setattr(step, "optimizer_step", spy)
+    monkeypatch.setattr(step, "split_batch", split_spy)
     model, batch = _conv_problem()
     timing.time_train_step(model, batch, "cpu", amp="bf16", channels_last=True, min_run_time=0.02,
                            optimizer=torch.optim.Adam(model.parameters()))

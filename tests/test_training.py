@@ -209,7 +209,7 @@ def test_resume_after_sigkill_mid_epoch_matches_uninterrupted_run(tmp_path):
 
 
 def test_train_step_repeats_one_full_step_on_a_fixed_batch():
-    from helpers.training import train_step
+    from helpers.step import train_step
 
     seed_everything(3)
     ds = _problem(64)
@@ -253,7 +253,7 @@ def test_resume_loads_rng_states_on_the_cpu_whatever_the_device(tmp_path, monkey
                optimizer=torch.optim.SGD(model.parameters(), lr=0.1), checkpoint=path, resume=True, progress=False)
     assert [e["epoch"] for e in hist.epochs] == [1, 2]
     with pytest.raises(TypeError):  # what resuming did before: RNG states mapped off the CPU
-        training._set_rng_state(training.load_checkpoint(path, map_location="meta")["rng"])
+        training.set_rng_state(training.load_checkpoint(path, map_location="meta")["rng"])
 
 
 class _StepClock:

@@ -65,12 +65,12 @@ def test_beyond_caches_takes_only_large_sizes():
 
 def test_batches_go_to_a_gpu_non_blocking(monkeypatch):
     """fit moves every batch with non_blocking=True on CUDA, pinned or not (a recorder stands in for the GPU copy)."""
-    from helpers import training
+    from helpers import step
 
     calls = []
     monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: calls.append(k.get("non_blocking")) or self)
-    training.split_batch((torch.zeros(2, 3), torch.zeros(2, dtype=torch.long)), torch.device("cuda"))
+    step.split_batch((torch.zeros(2, 3), torch.zeros(2, dtype=torch.long)), torch.device("cuda"))
     assert calls == [True, True]
     calls.clear()
-    training.split_batch((torch.zeros(2, 3), torch.zeros(2, dtype=torch.long)), torch.device("cpu"))
+    step.split_batch((torch.zeros(2, 3), torch.zeros(2, dtype=torch.long)), torch.device("cpu"))
     assert calls == [False, False]
