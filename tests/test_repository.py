@@ -178,3 +178,20 @@ def test_the_constraints_pin_what_ci_tested_and_the_makefile_uses_them():
         assert req.specifier.contains(pins[req.name.lower()]), f"{req.name}=={pins[req.name.lower()]} outside {dep}"
     make = (ROOT / "Makefile").read_text()
     assert make.count("-c constraints.txt") == 2 and "pyproject.toml constraints.txt" in make
+
+
+def test_cpu_floors_keep_the_slowest_machine_measured(tmp_path):
+    """CPU machines differ (CI's too): a floor measured on a second CPU replaces the first only where it is larger,
+    so the plan holds on the slowest CPU measured; both machines are named."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import run_course
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    path = tmp_path / "floors.json"
+    how = "measured: tools/run_course.py --measure-floors (budget_s=1)"
+    run_course.record_floors("cpu", {"00_a": 5.0, "01_b": 20.0}, "CPU one", "2.14", how, path)
+    run_course.record_floors("cpu", {"00_a": 7.0, "01_b": 15.0}, "CPU two", "2.14", how, path)
+    floors, source, own = run_course.load_floors("cpu", path)
+    assert floors == {"00": 7.0, "01": 20.0} and own
+    assert "CPU one" in source and "CPU two" in source

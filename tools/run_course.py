@@ -404,17 +404,22 @@ FLOORS_ABOUT = ("Per device kind (cpu, mps, or the CUDA GPU's name): each notebo
 
 def record_floors(kind: str, floors_s: dict, machine: str, torch_version: str, how: str,
                   path: Path = FLOORS) -> None:
-    """Keep ``floors_s`` ({notebook: seconds}) as ``kind``'s floors in data/budget_floors.json; a notebook already
-    recorded keeps the smaller of its two values unless ``how`` is a floor measurement (which replaces it)."""
+    """Keep ``floors_s`` ({notebook: seconds}) as ``kind``'s floors in data/budget_floors.json. A notebook already
+    recorded keeps: on the CPU, the larger of its measured floors (CPU machines differ, and the plan must hold on the
+    slowest measured); on a GPU, a new measurement, or else the smaller of two runs' times (each an upper bound)."""
     import datetime
 
     data = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {"kinds": {}}
     entry = data["kinds"].setdefault(kind, {"floors_s": {}})
+    measured, today = how.startswith("measured"), datetime.date.today().isoformat()
+    keep = max if kind == "cpu" and measured else (lambda old, new: new) if measured else min
     for name, seconds in floors_s.items():
         old = entry["floors_s"].get(name)
-        measured = how.startswith("measured")
-        entry["floors_s"][name] = round(seconds if old is None or measured else min(old, seconds), 1)
-    entry.update(machine=machine, torch=torch_version, date=datetime.date.today().isoformat(), how=how)
+        entry["floors_s"][name] = round(seconds if old is None else keep(old, seconds), 1)
+    if kind == "cpu" and measured and entry.get("machine") and machine not in entry["machine"]:
+        machines = entry["machine"].removeprefix("the larger floor of: ")
+        machine = f"the larger floor of: {machines} ({entry.get('date')}); {machine} ({today})"
+    entry.update(machine=machine, torch=torch_version, date=today, how=how)
     data["about"] = FLOORS_ABOUT
     atomic_write_text(path, json.dumps(dict(about=data.pop("about"), **data), indent=1) + "\n")
 
