@@ -206,3 +206,14 @@ def test_the_dry_run_prints_the_plan_and_runs_nothing(tmp_path):
     assert all("budget" in r and "limit" in r for r in rows if "not run" not in r)
     assert lines[-1].startswith("plan: the notebooks end about")
     assert not out.exists(), "a dry run writes nothing"
+
+
+def test_the_rest_of_a_run_is_planned_in_the_units_its_notebooks_really_took():
+    """Notebooks that took 1.25x their budget_s so far: the time left is divided as if the rest will too (a budget
+    of floor + share, in seconds of 1.25x), so the last notebooks still get their floors instead of being dropped."""
+    runs = {"00_a": {"status": "ok", "seconds": 25.0, "budget_s": 20.0},
+            "01_b": {"status": "stopped", "seconds": 99.0, "budget_s": 10.0},
+            "02_c": {"status": "ok", "seconds": 12.5, "budget_s": 10.0}}
+    assert run_course.overrun(runs) == pytest.approx(1.25)
+    assert run_course.overrun({"00_a": {"status": "ok", "seconds": 5.0, "budget_s": 20.0}}) == 1.0, "never below 1"
+    assert run_course.overrun({}) == 1.0

@@ -92,6 +92,14 @@ def learn(floors: dict, runs: dict) -> tuple[dict, float]:
     return {k: v * scale for k, v in floors.items()}, scale
 
 
+def overrun(runs: dict) -> float:
+    """How many times their ``budget_s`` the notebooks that ended so far took, at least 1: a notebook's fixed costs
+    (its kernel's start, imports, cold caches) are not all in its floor, and a slower machine runs everything
+    longer, so the rest of the run is planned in that unit."""
+    done = [r for r in runs.values() if r["status"] == "ok" and r.get("budget_s")]
+    return max(1.0, sum(r["seconds"] for r in done) / sum(r["budget_s"] for r in done)) if done else 1.0
+
+
 def fit(prefixes: list[str], left_s: float, floors: dict) -> list[str]:
     """The notebooks (in order) whose floors fit in ``left_s``: the largest floors are left out first, so as many
     notebooks as possible run."""
@@ -307,9 +315,14 @@ def _run_all(args, todo: list, out: Path, budget: float | None, runs: dict, kind
         elif budget:
             if not own:  # a kind never recorded: what the notebooks so far took tells how fast this device is
                 floors, scale = learn(cpu_floors, runs)
-            left = budget - (time.perf_counter() - t_start)
+            ratio = overrun(runs)  # the notebooks so far took this many times their budget_s: plan the rest so
+            left = (budget - (time.perf_counter() - t_start)) / ratio  # (a cold start, a slower machine)
             rest = fit(prefixes[i - 1:], left, floors)
-            planned = start(prefix, rest, left, deadline_left(), floors, args.limit_grace) if prefix in rest else None
+            late = None if deadline_left() is None else deadline_left() / ratio
+            planned = start(prefix, rest, left, late, floors, args.limit_grace) if prefix in rest else None
+            if ratio > 1 and planned is not None:
+                print(f"plan: the notebooks so far took {ratio:.2f}× their budget_s; the rest are planned for that",
+                      flush=True)
             if planned is None:
                 runs[nb.stem] = {"status": "not run: budget", "seconds": 0.0,
                                  "floor_s": floors.get(prefix, DEFAULT_FLOOR_S),
