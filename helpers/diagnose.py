@@ -417,10 +417,10 @@ def loader_setting(loader) -> str:
         return "a re-made generator" if isinstance(loader, Remade) else f"a {type(loader).__name__} of batches"
     if isinstance(loader.dataset, IterableDataset):
         how = f"an IterableDataset, batch_size={loader.batch_size}"
-    elif loader.batch_size is None and loader.batch_sampler is None:
-        how = f"batch_size=None, sampler={type(loader.sampler).__name__}"
-    elif type(loader.batch_sampler).__name__ == "BatchSampler" and loader.batch_size is not None:
+    elif loader.batch_size is not None:  # DataLoader made the BatchSampler from batch_size
         how = f"batch_size={loader.batch_size}, sampler={type(loader.sampler).__name__}"
+    elif loader.batch_sampler is None:
+        how = f"batch_size=None, sampler={type(loader.sampler).__name__}"
     else:
         how = f"batch_sampler={type(loader.batch_sampler).__name__}"
     return f"DataLoader({how}, num_workers={loader.num_workers})"

@@ -438,10 +438,10 @@ def find_max_batch(measure: Callable[[int], float], *, start: int = 8, cap: int 
         except RuntimeError as err:  # only running out of memory: anything else is a bug to see
             if not out_of_memory(err):
                 raise
-            trials[batch], message, kind = None, str(err).splitlines()[0][:140], type(err).__name__
+            trials[batch], message = None, str(err).splitlines()[0][:140]
+            what = "torch.OutOfMemoryError" if isinstance(err, torch.OutOfMemoryError) else "out of memory"
         free_memory(device)  # after the except block: the traceback no longer holds the step's tensors
-        log(f"batch {batch}: {'torch.OutOfMemoryError' if kind == 'OutOfMemoryError' else 'out of memory'} "
-            f"({message}) — recovered, searching lower")
+        log(f"batch {batch}: {what} ({message}) — recovered, searching lower")
         return False
 
     def late() -> bool:

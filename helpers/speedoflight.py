@@ -527,29 +527,27 @@ def check_predictions(cases: dict, device="cpu", *, ceilings: dict | None = None
     from .timing import time_fn, time_train_step
 
     ceilings = ceilings or measured_ceilings(device)
-    with float32_precision("ieee"):
-        return {name: _check_case(dict(case), device, ceilings, min_run_time, gpus, count_fn, count_step, time_fn,
-                                  time_train_step) for name, case in cases.items()}
-
-
-def _check_case(case, device, ceilings, min_run_time, gpus, count_fn, count_step, time_fn, time_train_step) -> dict:
-    """One case of ``check_predictions``: counted, predicted, measured."""
     host_op_s = ceilings["op_s"] if str(ceilings.get("device", "cpu")) == "cpu" else None  # a CPU's, not a GPU's
-    if "fn" in case:  # a call's inputs live on the device already; a training step copies its batch
-        fn, args = case["fn"], [a.to(device) for a in case["args"]]
-        work = gpu_work = count_fn(fn, *[a.cpu() for a in case["args"]])
-        measured = time_fn(lambda: fn(*args), device, min_run_time=min_run_time).median_s
-    else:
-        model, batch = case.pop("model"), case.pop("batch")
-        work = count_step(model, batch, device, **case)  # counts on a copy: model stays untrained
-        gpu_work = work if torch.device(device).type == "cuda" else _gpu_count(model, batch, device, **case)
-        options = {k: v for k, v in case.items() if k in ("optimizer", "amp", "host_inputs", "channels_last")}
-        if isinstance(options.get("optimizer"), type):  # a class: time_train_step wants an instance
-            options["optimizer"] = options["optimizer"](model.parameters(), lr=0.01)
-        measured = time_train_step(model, batch, device, min_run_time=min_run_time, **options).median_s
-    p = predict_step(work, ceilings)
-    on_gpus = {gpu: {k: g[k] for k in ("step_s", "bound")} if "step_s" in g else g
-               for gpu, g in predict_gpus(gpu_work, gpus, op_s=host_op_s, copy_batch="fn" not in case).items()}
-    return {"flops": work.flops, "bytes": work.bytes, "ops": work.ops, "kernels": work.kernels,
-            "predicted_s": p["step_s"], "measured_s": measured, "ratio": measured / p["step_s"],
-            "bound": p["bound"], "gpus": on_gpus}
+    found = {}
+    with float32_precision("ieee"):
+        for name, case in cases.items():
+            case = dict(case)  # a call's inputs live on the device already; a training step copies its batch
+            if "fn" in case:
+                fn, args = case["fn"], [a.to(device) for a in case["args"]]
+                work = gpu_work = count_fn(fn, *[a.cpu() for a in case["args"]])
+                measured = time_fn(lambda: fn(*args), device, min_run_time=min_run_time).median_s
+            else:
+                model, batch = case.pop("model"), case.pop("batch")
+                work = count_step(model, batch, device, **case)  # counts on a copy: model stays untrained
+                gpu_work = work if torch.device(device).type == "cuda" else _gpu_count(model, batch, device, **case)
+                options = {k: v for k, v in case.items() if k in ("optimizer", "amp", "host_inputs", "channels_last")}
+                if isinstance(options.get("optimizer"), type):  # a class: time_train_step wants an instance
+                    options["optimizer"] = options["optimizer"](model.parameters(), lr=0.01)
+                measured = time_train_step(model, batch, device, min_run_time=min_run_time, **options).median_s
+            p = predict_step(work, ceilings)
+            on_gpus = {gpu: {k: g[k] for k in ("step_s", "bound")} if "step_s" in g else g
+                       for gpu, g in predict_gpus(gpu_work, gpus, op_s=host_op_s, copy_batch="fn" not in case).items()}
+            found[name] = {"flops": work.flops, "bytes": work.bytes, "ops": work.ops, "kernels": work.kernels,
+                           "predicted_s": p["step_s"], "measured_s": measured, "ratio": measured / p["step_s"],
+                           "bound": p["bound"], "gpus": on_gpus}
+    return found

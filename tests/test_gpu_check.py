@@ -192,3 +192,16 @@ def test_node_preflight_names_a_missing_compiler(monkeypatch):
     assert "C compiler" in preflight_node.compiler_problem()
     monkeypatch.setattr(preflight_node, "pinned", lambda: {"pytest": "999.0"})
     assert "pytest" in preflight_node.outdated_tools()
+
+
+def test_a_relative_out_is_the_callers_folder_for_the_notebook_run(tmp_path, monkeypatch):
+    """run_course runs with the repository as its working directory, so gpu_check hands it an absolute --out: a
+    relative OUT means the folder the caller named, as it does for the archive."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    monkeypatch.chdir(tmp_path)
+    cmd = gpu_check.course_command(gpu_check._parse(["--out", "run-a"]), "cuda", 100.0, 1000.0, True)
+    assert cmd[cmd.index("--out") + 1] == str(tmp_path / "run-a")

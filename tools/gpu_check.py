@@ -156,7 +156,8 @@ def _parse(argv):
 
 def course_command(args, device: str, notebook_budget: float, deadline: float, cifar: bool) -> list[str]:
     """The tools/run_course.py command of this run (the dry run prints its plan)."""
-    run = [sys.executable, str(ROOT / "tools" / "run_course.py"), "--device", device, "--out", str(Path(args.out)),
+    run = [sys.executable, str(ROOT / "tools" / "run_course.py"), "--device", device, "--out",
+           str(Path(args.out).resolve()),  # run_course runs in ROOT: a relative OUT must mean the caller's folder
            "--keep-going", "--budget-s", f"{notebook_budget:.0f}",
            "--deadline", f"{deadline - PACK_RESERVE_S - (0 if args.no_bench else 5):.0f}"] + (
         ["--quick"] if args.quick else []) + (["--only", args.only] if args.only else [])

@@ -49,9 +49,8 @@ class Report:
 def check_torch(r: Report) -> None:
     import torch
 
-    from helpers.devices import _nvidia_driver, cpu_bf16_native, usable_cpus
+    from helpers.devices import _nvidia_driver, cpu_bf16_native, half_precision, usable_cpus
     from helpers.regimes import matmul_rate
-    from helpers.devices import half_precision
 
     def tflops(device, dtype, n: int = 2048) -> float:  # lesson 08's timed matmul, in TFLOP/s
         return matmul_rate(n, device, dtype)["gflops"] / 1e3

@@ -57,6 +57,15 @@ def notebooks(only: str | None, folder: Path | None = None) -> list[Path]:
     return found
 
 
+def to_run(args) -> list[Path]:
+    """The notebooks ``--only`` and ``--notebooks`` name, less those ``--skip`` names (each said, with its reason)."""
+    todo = notebooks(args.only, Path(args.notebooks).resolve() if args.notebooks else None)
+    skip = {p.strip() for p in args.skip.split(",") if p.strip()}
+    for nb in [nb for nb in todo if nb.name[:2] in skip]:
+        print(f"{nb.name}: {args.skip_reason}", flush=True)
+    return [nb for nb in todo if nb.name[:2] not in skip]
+
+
 def device_kind(hw: dict, device: str) -> str:
     """What floors are kept per: ``cpu``, ``mps``, or the CUDA GPU's name (``NVIDIA H200``)."""
     if device.startswith("cuda"):  # a dry run on a machine without the GPU: a kind never recorded
@@ -152,6 +161,14 @@ def start(prefix: str, rest: list[str], left_s: float, deadline_left: float | No
     return budget, time_limit(budget, deadline_left, rest_floors, grace)
 
 
+def next_notebook(prefixes: list[str], left_s: float, deadline_left: float | None, floors: dict,
+                  grace: float = LIMIT_GRACE_S) -> tuple[float, float] | None:
+    """``start`` for ``prefixes[0]``, the notebooks left being ``prefixes``: None when it is not among those whose
+    floors fit the time left (``fit``) or cannot start (``start``)."""
+    rest = fit(prefixes, left_s, floors)
+    return start(prefixes[0], rest, left_s, deadline_left, floors, grace) if prefixes[0] in rest else None
+
+
 def run_one(nb: Path, target: Path, params: dict, limit_s: float | None, log: Path) -> dict:
     """Run ``nb`` into ``target`` in its own session; stop its process tree after ``limit_s``. Returns its status."""
     status_file = target.with_suffix(".status.json")
@@ -235,7 +252,8 @@ def _parse(argv):
                     help="run every notebook with budget_s=1 and no time limit, and write data/budget_floors.json")
     ap.add_argument("--skip", default="", help="comma-separated notebook prefixes not to run, with the reason printed")
     ap.add_argument("--skip-reason", default="skipped", help="the reason printed for --skip")
-    ap.add_argument("--floors", default=str(FLOORS), help="the floors per device kind (default: data/budget_floors.json)")
+    ap.add_argument("--floors", default=str(FLOORS),
+                    help="the floors per device kind (default: data/budget_floors.json)")
     ap.add_argument("--plan", action="store_true",
                     help="a dry run: print each notebook's budget and limit and when the run ends; run nothing")
     return ap.parse_args(argv)
@@ -250,12 +268,7 @@ def main(argv=None) -> int:
     args = _parse(argv)
     budget = args.budget_s if args.budget_s is not None else (60 * args.budget_min if args.budget_min else None)
     if args.plan:  # the dry run needs neither the device nor a folder
-        todo = notebooks(args.only, Path(args.notebooks).resolve() if args.notebooks else None)
-        skip = {p.strip() for p in args.skip.split(",") if p.strip()}
-        for nb in [nb for nb in todo if nb.name[:2] in skip]:
-            print(f"{nb.name}: {args.skip_reason}")
-        todo = [nb for nb in todo if nb.name[:2] not in skip]
-        return dry_run(todo, budget, args.deadline, device_kind(describe(), args.device), args.limit_grace,
+        return dry_run(to_run(args), budget, args.deadline, device_kind(describe(), args.device), args.limit_grace,
                        Path(args.floors))
     try:
         pick_device(args.device)  # fail before starting any kernel
@@ -268,11 +281,7 @@ def main(argv=None) -> int:
     results = out / "results"
     os.environ["COURSE_RESULTS_DIR"] = str(results)
     hw = describe()
-    todo = notebooks(args.only, Path(args.notebooks).resolve() if args.notebooks else None)
-    skip = {p.strip() for p in args.skip.split(",") if p.strip()}
-    for nb in [nb for nb in todo if nb.name[:2] in skip]:
-        print(f"{nb.name}: {args.skip_reason}", flush=True)
-    todo = [nb for nb in todo if nb.name[:2] not in skip]
+    todo = to_run(args)
     kind = device_kind(hw, str(pick_device(args.device)))
     gpus = ", ".join(g["name"] for g in hw["gpus"]) or "no GPU"
     print(f"Running {len(todo)} notebook(s) in {'quick' if args.quick else 'full'} mode on device={args.device} "
@@ -314,12 +323,11 @@ def _run_all(args, todo: list, out: Path, budget: float | None, runs: dict, kind
             params["budget_s"] = 1
         elif budget:
             if not own:  # a kind never recorded: what the notebooks so far took tells how fast this device is
-                floors, scale = learn(cpu_floors, runs)
+                floors, _ = learn(cpu_floors, runs)
             ratio = overrun(runs)  # the notebooks so far took this many times their budget_s: plan the rest so
             left = (budget - (time.perf_counter() - t_start)) / ratio  # (a cold start, a slower machine)
-            rest = fit(prefixes[i - 1:], left, floors)
             late = None if deadline_left() is None else deadline_left() / ratio
-            planned = start(prefix, rest, left, late, floors, args.limit_grace) if prefix in rest else None
+            planned = next_notebook(prefixes[i - 1:], left, late, floors, args.limit_grace)
             if ratio > 1 and planned is not None:
                 print(f"plan: the notebooks so far took {ratio:.2f}× their budget_s; the rest are planned for that",
                       flush=True)
@@ -373,9 +381,8 @@ def plan_run(prefixes: list[str], budget: float, deadline_left: float | None, fl
     limit None: not run), when each notebook takes ``took(budget_s, limit_s)`` seconds (tests pass the limit)."""
     at, plan = 0.0, []
     for i, prefix in enumerate(prefixes):
-        rest = fit(prefixes[i:], budget - at, floors)
-        planned = start(prefix, rest, budget - at, None if deadline_left is None else deadline_left - at, floors,
-                        grace) if prefix in rest else None
+        planned = next_notebook(prefixes[i:], budget - at, None if deadline_left is None else deadline_left - at,
+                                floors, grace)
         if planned is not None:
             at += took(*planned)
         plan.append({"prefix": prefix, "floor_s": floors.get(prefix, DEFAULT_FLOOR_S),
