@@ -128,7 +128,12 @@ def synthetic_images(n: int, n_classes: int = 10, seed: int = 0, size: int = 32,
 
 
 def cifar10_transform(train: bool):
-    """``transforms.v2`` pipeline on ``uint8`` tensors: random 4-pixel-padded crop + flip when training, normalise."""
+    """``transforms.v2`` pipeline on ``uint8`` tensors: random 4-pixel-padded crop + flip when training, normalise.
+
+    Without training, only ``normalize``: torchvision is not imported (2 s of every DDP worker's start on a CPU).
+    """
+    if not train:
+        return normalize_image
     from torchvision.transforms import v2
 
     steps = [v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip()] if train else []
@@ -190,6 +195,11 @@ def normalize(images: torch.Tensor) -> torch.Tensor:
     std = torch.tensor(CIFAR10_STD, device=images.device).view(1, c, 1, 1)
     mean = torch.tensor(CIFAR10_MEAN, device=images.device).view(1, c, 1, 1)
     return images.float().mul_(1 / (255 * std)).sub_(mean / std)  # (x/255 - mean)/std in two passes
+
+
+def normalize_image(image: torch.Tensor) -> torch.Tensor:
+    """One ``uint8`` image (channels, height, width) normalised as ``normalize`` does a batch."""
+    return normalize(image[None])[0]
 
 
 def batch_augment(images: torch.Tensor, *, padding: int = 4, generator: torch.Generator | None = None) -> torch.Tensor:

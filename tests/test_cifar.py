@@ -1,11 +1,17 @@
 """CIFAR-10 loading: the real image-folder tree from ../shared/data (extracted by conftest), synthetic stand-in."""
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from helpers.cifar10 import (CIFAR10_CLASSES, ImageTensorDataset, cifar10_transform, load_cifar10, synthetic_images)
+from helpers.cifar10 import (CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD, ImageTensorDataset, cifar10_transform,
+                             load_cifar10, synthetic_images)
 from helpers.models import CompactNet, ConvBlockNet, whitening_filters
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +58,18 @@ def test_transforms_and_dataset():
     assert x.shape == (3, 32, 32) and x.dtype == torch.float32 and y.item() == 3
     plain = ImageTensorDataset(data, cifar10_transform(train=False))
     assert torch.equal(plain[0][0], plain[0][0])  # deterministic without augmentation
+    from torchvision.transforms import v2
+    by_torchvision = v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Normalize(CIFAR10_MEAN, CIFAR10_STD)])
+    torch.testing.assert_close(plain[5][0], by_torchvision(data.images[5]))
     other = synthetic_images(20, noise_seed=1)
     assert not torch.equal(other.images, data.images) and torch.equal(other.labels, data.labels)
+
+
+def test_evaluation_transform_does_not_import_torchvision():
+    code = ("import sys; from helpers.cifar10 import cifar10_transform, synthetic_images; "
+            "cifar10_transform(train=False)(synthetic_images(2).images[0]); print('torchvision' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "False"
 
 
 def test_conv_block_net_matches_the_matlab_layout():
