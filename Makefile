@@ -17,7 +17,7 @@ BENCH      ?= 1
 PLAN       ?=
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: help venv site-venv run test lab bench site check instructors gpu-check wheelhouse clean
+.PHONY: help venv site-venv run test lab bench site check instructors gpu-check hosted-check wheelhouse clean
 
 help:
 	@echo "make run    execute every notebook (QUICK=1 for quick mode, DEVICE=cpu|cuda|mps) into build/"
@@ -28,6 +28,7 @@ help:
 	@echo "make check  pre-flight check of this machine for a workshop (writes build/preflight.md)"
 	@echo "make wheelhouse  download the notebook tools as wheels for an offline GPU node (WHEEL_PYTHON=3.12)"
 	@echo "make gpu-check OUT=dir [PYTHON=python3 CIFAR10=dir|tar.gz BUDGET_MIN=7 PLAN=1]  the course on a GPU node"
+	@echo "make hosted-check [ONLY=03,05 CIFAR10=dir]  each lesson alone in a fresh Python, as on Colab or Kaggle"
 	@echo "               (PLAN=1: a dry run that prints each notebook's budget and limit and runs nothing)"
 
 venv: $(VENV)/.installed
@@ -67,6 +68,11 @@ check: venv
 
 lab: venv
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(ROOT_FLAG)
+
+# Each lesson as Colab or Kaggle opens it: alone in an empty folder of a fresh Python without the course, whose
+# first cell installs the course from a wheel of this checkout (offline). CIFAR10: an image-folder tree.
+hosted-check: venv
+	$(PY) tools/hosted_check.py $(if $(CIFAR10),--cifar10 $(CIFAR10),) $(if $(ONLY),--only $(ONLY),)
 
 bench: venv
 	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

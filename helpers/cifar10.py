@@ -4,7 +4,9 @@ Paths are resolved from the project root, never from the working directory.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +14,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from .results import project_root, shown_path
+from .results import cache_dir, in_checkout, project_root, shown_path
 
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
@@ -79,13 +81,14 @@ def load_cifar10(split: str = "train", root: str | Path | None = None, *, downlo
 
     ``root`` (or ``$COURSE_CIFAR10_DIR``) may be an image-folder tree ``train/<class>/*``, ``test/<class>/*``
     (MATLAB ``imageDatastore(..., LabelSource="foldernames")``) or a folder holding torchvision's
-    ``cifar-10-batches-py``. Without one, ``<root>/data/cifar10`` is used and, if empty, downloaded when
-    ``download`` is True. ``per_class`` keeps the first N images of each class (notebook 05).
+    ``cifar-10-batches-py``. Without one, ``data/cifar10`` of the checkout (outside one, the user's cache) is used
+    and, if empty, downloaded when ``download`` is True (given up after ``DOWNLOAD_TIMEOUT_S`` without progress).
+    ``per_class`` keeps the first N images of each class (notebook 05).
     """
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', not {split!r}")
     given = root or os.environ.get("COURSE_CIFAR10_DIR")
-    base = Path(given).expanduser() if given else project_root() / "data" / "cifar10"
+    base = Path(given).expanduser() if given else _download_dir()
     if given and not base.exists():
         raise FileNotFoundError(f"CIFAR-10 folder {base} does not exist (from "
                                 f"{'the cifar10_dir argument' if root else 'COURSE_CIFAR10_DIR'}); fix the path")
@@ -103,18 +106,44 @@ def load_cifar10(split: str = "train", root: str | Path | None = None, *, downlo
             f"no CIFAR-10 at {base}: expected an image-folder tree train/<class>/*, test/<class>/* or torchvision's "
             "cifar-10-batches-py. Point COURSE_CIFAR10_DIR (or the notebook's cifar10_dir) at one, or allow the download.")
     try:
-        ds = torchvision.datasets.CIFAR10(str(base), train=split == "train", download=not have)
-    except Exception as exc:  # offline: URLError, socket timeout, ...
+        with _socket_timeout(DOWNLOAD_TIMEOUT_S):  # a download that stalls this long is given up
+            ds = torchvision.datasets.CIFAR10(str(base), train=split == "train", download=not have)
+    except Exception as exc:  # offline: URLError, socket timeout, a bad checksum, ...
+        for part in base.glob("cifar-10-python.tar.gz*"):
+            part.unlink()  # leave nothing half-written
         if base.is_dir() and not any(base.iterdir()):
-            base.rmdir()  # leave nothing behind
+            base.rmdir()
+        kaggle = ("On Kaggle without internet: attach a CIFAR-10 image-folder data set (Add Input) and set "
+                  "COURSE_CIFAR10_DIR to its folder under /kaggle/input. ") if os.environ.get(KAGGLE_ENV) else ""
         raise FileNotFoundError(
             f"CIFAR-10 is not in {base} and could not be downloaded ({type(exc).__name__}: {str(exc)[:120]}). "
-            "Offline? Point COURSE_CIFAR10_DIR (or the notebook's cifar10_dir) at an image-folder tree "
+            f"{kaggle}Offline? Point COURSE_CIFAR10_DIR (or the notebook's cifar10_dir) at an image-folder tree "
             "train/<class>/*, test/<class>/*.") from None
     labels = torch.tensor(ds.targets, dtype=torch.int64)
     keep = _first_per_class(labels, per_class)
     images = torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous()[keep]
     return ImageSet(images, labels[keep], list(ds.classes), f"torchvision CIFAR10 in {base}")
+
+
+DOWNLOAD_TIMEOUT_S = 30  # seconds without a byte before the CIFAR-10 download is given up
+KAGGLE_ENV = "KAGGLE_KERNEL_RUN_TYPE"  # set in Kaggle's notebooks
+
+
+def _download_dir() -> Path:
+    """Where torchvision's CIFAR-10 is kept: ``data/cifar10`` in a checkout, else the user's cache (never the
+    installed package's folder)."""
+    return (project_root() / "data" if in_checkout() else cache_dir()) / "cifar10"
+
+
+@contextlib.contextmanager
+def _socket_timeout(seconds: float):
+    """Every socket opened inside gives up after ``seconds`` without progress (torchvision's download sets none)."""
+    before = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(seconds)
+    try:
+        yield
+    finally:
+        socket.setdefaulttimeout(before)
 
 
 def synthetic_images(n: int, n_classes: int = 10, seed: int = 0, size: int = 32, noise_seed: int | None = None) -> ImageSet:

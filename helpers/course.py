@@ -101,6 +101,9 @@ class Lesson:
         path = results.save_results(self.notebook, record, quick=self.quick, device=str(self.device),
                                     hardware=self.hardware, budget_s=self.budget_s)
         print("recorded:", results.shown_path(path))  # not this machine's folders
+        if not results.in_checkout():  # Colab, Kaggle, a bare folder: one file to download and keep
+            print(f"to keep this run's results, download {results.shown_path(results.pack_results())} (Colab: the "
+                  "Files panel; Kaggle: the Output panel); tools/promote_reference.py reads it as it is")
         return path
 
     def save_partial(self, namespace: dict) -> Path | None:
@@ -216,7 +219,7 @@ SOLUTION_MARK = "# %% exercise "
 
 def solution_sections(notebook: str) -> dict:
     """``{exercise number: code}`` from ``solutions/<notebook>.py``, whose sections start with ``# %% exercise N``."""
-    path = results.project_root() / "solutions" / f"{notebook}.py"
+    path = results.course_file("solutions", f"{notebook}.py")
     sections, current = {}, None
     for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
         if line.startswith(SOLUTION_MARK):

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .results import project_root
+from .results import course_file
 
 CORPUS = "tinyshakespeare.txt"
 CORPUS_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
@@ -29,7 +29,7 @@ CORPUS_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565e
 
 def load_corpus(path=None, *, verify: bool = True) -> str:
     """The corpus text (``data/tinyshakespeare.txt`` unless ``path``), its SHA-256 checked (notebook 11)."""
-    path = path or project_root() / "data" / CORPUS
+    path = path or course_file("data", CORPUS)
     raw = Path(path).read_bytes()
     if verify and hashlib.sha256(raw).hexdigest() != CORPUS_SHA256:
         raise ValueError(f"{path}: SHA-256 differs from data/SHA256SUMS (the file was changed or truncated)")

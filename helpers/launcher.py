@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from .devices import usable_cpus
-from .results import project_root
+from .results import in_checkout, project_root
 
 ENTRY_POINT = "helpers.distributed"  # the module every rank runs (python -m ...)
 
@@ -72,7 +72,8 @@ class _Supervisor:
     def __init__(self, cmds: list, envs: list, prefixes: list):
         self.lines: "queue.Queue" = queue.Queue()
         self.procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                       start_new_session=True, cwd=project_root()) for c, env in zip(cmds, envs)]
+                                       start_new_session=True, cwd=project_root() if in_checkout() else None)
+                      for c, env in zip(cmds, envs)]
         self.threads = [threading.Thread(target=self._pump, args=(p, pre), daemon=True)
                         for p, pre in zip(self.procs, prefixes)]
         for t in self.threads:
@@ -212,7 +213,8 @@ def _first_error(output: list) -> str:
 def _env(nproc_total: int, visible_gpus: list | None = None) -> dict:
     """The ranks' environment: the project importable, CPU threads shared out, and (per node) which GPUs it sees."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(project_root())] + [p for p in [env.get("PYTHONPATH")] if p])
+    if in_checkout():  # (an installed course is importable already)
+        env["PYTHONPATH"] = os.pathsep.join([str(project_root())] + [p for p in [env.get("PYTHONPATH")] if p])
     env.setdefault("OMP_NUM_THREADS", str(max(1, usable_cpus() // nproc_total)))
     env.setdefault("PYTHONUNBUFFERED", "1")
     if visible_gpus is not None:

@@ -13,6 +13,7 @@ import math
 import os
 import shutil
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import BinaryIO, Callable
 
@@ -25,8 +26,27 @@ REQUIRED_KEYS = ("schema", "notebook", "quick", "device", "timestamp", "hardware
 
 
 def project_root() -> Path:
-    """The course's root folder, found from this file (never from the working directory)."""
+    """The course's root folder, found from this file (never from the working directory); once the course is
+    installed as a package, the folder that holds ``helpers`` (site-packages: never written to)."""
     return Path(__file__).resolve().parent.parent
+
+
+def in_checkout() -> bool:
+    """Whether ``helpers`` is imported from a copy of the course's repository (its ``pyproject.toml`` beside it)."""
+    return (project_root() / "pyproject.toml").is_file()
+
+
+def course_file(*parts: str) -> Path:
+    """A file the lessons read, named as in the repository (``course_file("data", "gpu_datasheet.json")``).
+
+    In a checkout, the repository's file; once installed, the copy the package ships (``pyproject.toml`` puts
+    ``data/`` and ``solutions/`` inside ``helpers``), found with ``importlib.resources``.
+    """
+    if in_checkout():
+        return project_root().joinpath(*parts)
+    from importlib.resources import files
+
+    return Path(str(files("helpers").joinpath(*parts)))
 
 
 def shown_path(path) -> str:
@@ -41,12 +61,22 @@ def shown_path(path) -> str:
 
 
 def build_dir() -> Path:
-    """Where runs write (work folders, traces): ``$COURSE_BUILD_DIR`` if set, else ``<root>/build`` (notebook 00).
+    """Where runs write (work folders, traces, results): ``$COURSE_BUILD_DIR`` if set, else ``<root>/build`` in a
+    checkout, else ``build/`` in the working directory (the notebook's folder on Colab or Kaggle) (notebook 00).
 
     ``make gpu-check`` points it into its ``OUT`` folder, so a run on a borrowed node leaves the repository as it was.
     """
     env = os.environ.get("COURSE_BUILD_DIR")
-    return Path(env) if env else project_root() / "build"
+    if env:
+        return Path(env)
+    return project_root() / "build" if in_checkout() else Path.cwd().resolve() / "build"
+
+
+def cache_dir() -> Path:
+    """The user's cache of the course: ``$XDG_CACHE_HOME/gpu-course`` (default ``~/.cache/gpu-course``): measured
+    ceilings (notebook 08) and, outside a checkout, CIFAR-10's download. Per user and machine, not per run or per
+    checkout; ``make gpu-check`` points ``XDG_CACHE_HOME`` into its output."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "gpu-course"
 
 
 def results_dir() -> Path:
@@ -56,8 +86,8 @@ def results_dir() -> Path:
 
 
 def reference_dir() -> Path:
-    """The committed reference results: ``<root>/data/reference``."""
-    return project_root() / "data" / "reference"
+    """The committed reference results: ``data/reference`` of the checkout, or of the installed package."""
+    return course_file("data", "reference")
 
 
 def work_dir(notebook: str) -> Path:
@@ -155,6 +185,25 @@ def save_results(notebook: str, results: dict, *, quick: bool, device: str, out_
     path = path / f"{notebook}.json"
     atomic_write_text(path, json.dumps(record, indent=2) + "\n")
     return path
+
+
+def pack_results(folder: str | Path | None = None) -> Path:
+    """One zip of the results files in ``folder`` (default ``results_dir()``), named after the hardware they were
+    measured on, beside that folder: the file a learner downloads from Colab or Kaggle to bring a run home.
+    ``tools/promote_reference.py`` accepts it as it is (notebook 00)."""
+    folder = Path(folder or results_dir())
+    files = sorted(folder.glob("[0-9][0-9]_*.json"))
+    if not files:
+        raise FileNotFoundError(f"no results files in {folder}: run a lesson to the end first")
+    name = load_results(files[-1])["hardware"].get("name", "unknown")
+    target = folder.parent / f"results-{name}.zip"
+    fd, tmp = tempfile.mkstemp(dir=folder.parent, prefix=".results-", suffix=".zip")
+    os.close(fd)
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
+        for path in files:
+            zf.write(path, f"results/{path.name}")
+    os.replace(tmp, target)  # atomic: never half a zip
+    return target
 
 
 def load_results(path: str | Path) -> dict:

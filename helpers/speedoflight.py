@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from .devices import float32_precision
+from .results import cache_dir, course_file
 
 SCHEMA = 1
 MIB = 2**20
@@ -36,14 +37,6 @@ DEVICE_NAMES = ((r"H100.*PCIe", "H100 PCIe"), (r"H100", "H100 SXM"), (r"H200", "
                 (r"A100.*80", "A100 80GB SXM"), (r"\bL4\b", "L4"), (r"\bT4\b", "T4"), (r"RTX 4090", "GeForce RTX 4090"))
 MATMUL_DTYPES = {"cpu": ("float32", "bfloat16"), "cuda": ("float32", "tf32", "bfloat16", "float16"),
                  "mps": ("float32", "float16", "bfloat16")}
-
-
-def cache_dir() -> Path:
-    """Where measured ceilings are kept: ``$XDG_CACHE_HOME/gpu-course`` (default ``~/.cache/gpu-course``) (notebook 08).
-
-    Per user and machine, not per run or per checkout; ``make gpu-check`` points ``XDG_CACHE_HOME`` into its output.
-    """
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "gpu-course"
 
 
 def ceilings_key(device: torch.device) -> str:
@@ -154,9 +147,7 @@ def measured_ceilings(device="auto", *, refresh: bool = False, min_run_time: flo
 
 def datasheet_path() -> Path:
     """``data/gpu_datasheet.json`` in the course's folder."""
-    from .results import project_root
-
-    return project_root() / "data" / "gpu_datasheet.json"
+    return course_file("data", "gpu_datasheet.json")
 
 
 @functools.lru_cache(maxsize=4)

@@ -11,7 +11,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import Dataset, Sampler
 
-from .results import project_root
+from .results import course_file
 
 VOWELS_FILES = {"train": "JapaneseVowels_TRAIN.ts", "test": "JapaneseVowels_TEST.ts"}
 
@@ -24,7 +24,7 @@ def load_japanese_vowels(split: str = "train", root: str | Path | None = None) -
     """
     if split not in VOWELS_FILES:
         raise ValueError(f"split must be 'train' or 'test', not {split!r}")
-    path = Path(root or project_root() / "data") / VOWELS_FILES[split]
+    path = Path(root or course_file("data")) / VOWELS_FILES[split]
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing: the course ships it in data/; restore it with "
                                 f"`git checkout -- data/{VOWELS_FILES[split]}`")

@@ -225,3 +225,56 @@ def test_fit_gives_a_device_loader_a_new_epoch_each_time(monkeypatch):
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 10))
     fit(model, dl, epochs=3, optimizer=torch.optim.SGD(model.parameters(), lr=0.01), device="cpu", progress=False)
     assert seen == [0, 1, 2], "without set_epoch every epoch would repeat the same order and augmentation"
+
+
+@pytest.fixture
+def silent_server():
+    """A local address that accepts connections and never answers: a download that hangs."""
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    held, stop = [], threading.Event()
+
+    def hold():
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=hold, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}/cifar-10-python.tar.gz"
+    stop.set()
+    thread.join()
+    for conn in held:
+        conn.close()
+    server.close()
+
+
+@pytest.mark.parametrize("on_kaggle", [False, True])
+def test_a_download_that_hangs_is_given_up_in_one_line_and_leaves_nothing(silent_server, tmp_path, monkeypatch,
+                                                                            on_kaggle):
+    import torchvision
+
+    from helpers import cifar10
+
+    monkeypatch.delenv("COURSE_CIFAR10_DIR", raising=False)
+    monkeypatch.setattr(cifar10, "_download_dir", lambda: tmp_path / "cifar10")
+    monkeypatch.setattr(cifar10, "DOWNLOAD_TIMEOUT_S", 0.5)  # (the course waits 30 s)
+    monkeypatch.setattr(torchvision.datasets.CIFAR10, "url", silent_server)
+    if on_kaggle:
+        monkeypatch.setenv(cifar10.KAGGLE_ENV, "Interactive")
+    else:
+        monkeypatch.delenv(cifar10.KAGGLE_ENV, raising=False)
+    with pytest.raises(FileNotFoundError) as err:
+        load_cifar10("train")
+    message = str(err.value)
+    assert "\n" not in message and "could not be downloaded" in message and "COURSE_CIFAR10_DIR" in message
+    assert "timed out" in message.lower() or "timeout" in message.lower(), message
+    assert ("/kaggle/input" in message) is on_kaggle
+    assert not (tmp_path / "cifar10").exists(), "nothing half-written"

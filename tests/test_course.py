@@ -134,6 +134,7 @@ def test_solution_is_shown_not_run_unless_asked(tmp_path, monkeypatch):
     (tmp_path / "solutions").mkdir()
     (tmp_path / "solutions" / "99_demo.py").write_text(
         '"""doc"""\n# %% exercise 1\nanswer = 6 * 7\n\n# %% exercise 2\nanswer = "two"\n')
+    (tmp_path / "pyproject.toml").write_text("")  # a checkout
     monkeypatch.setattr(results, "project_root", lambda: tmp_path)
     shown = []
     monkeypatch.setattr(course, "_display_markdown", shown.append)

@@ -13,50 +13,24 @@ import shutil
 import tarfile
 import subprocess
 import sys
-from importlib import metadata
 from pathlib import Path
 
 import pytest
-from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+try:
+    import hosted_check  # the stand-in of a Python that has torch but not the course
+finally:
+    sys.path.remove(str(ROOT / "tools"))
 WHEELHOUSE = ROOT / "build" / "test-wheelhouse"
 NODE_PACKAGES = ["torch", "torchvision", "numpy", "matplotlib", "pandas", "tqdm"]
 NOTEBOOK_TOOLS = {"papermill", "nbclient", "nbformat", "ipykernel", "jupyter-client", "ipython", "pyzmq"}
 
 
-def _closure(names):
-    """The distributions ``names`` need (their requirements, recursively, without extras)."""
-    seen, todo = {}, list(names)
-    while todo:
-        dist = metadata.distribution(todo.pop())
-        key = dist.metadata["Name"].lower().replace("_", "-")
-        if key in seen:
-            continue
-        seen[key] = dist
-        for text in dist.requires or []:
-            req = Requirement(text)
-            if req.marker is None or req.marker.evaluate({"extra": ""}):
-                todo.append(req.name)
-    return seen
-
-
 def _node_python(tmp_path) -> Path:
-    venv = tmp_path / "node"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300)
-    shared = tmp_path / "node-packages"
-    shared.mkdir()
-    dists = _closure(NODE_PACKAGES)
-    assert not NOTEBOOK_TOOLS & set(dists), "the node stand-in must not see notebook tools"
-    for dist in dists.values():
-        tops = {Path(str(f)).parts[0] for f in dist.files or [] if not str(f).startswith("..")}
-        for top in tops:
-            src = Path(dist.locate_file(top))
-            if src.exists() and not (shared / top).exists():
-                (shared / top).symlink_to(src)
-    site = next((venv / "lib").glob("python*/site-packages"))
-    (site / "node-packages.pth").write_text(f"{shared}\n")
-    return venv / "bin" / "python"
+    assert not NOTEBOOK_TOOLS & set(hosted_check.closure(NODE_PACKAGES)), "the node stand-in sees notebook tools"
+    return hosted_check.runtime_python(tmp_path, NODE_PACKAGES, own_pip=True)
 
 
 def _wheelhouse():

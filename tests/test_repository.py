@@ -112,6 +112,12 @@ def test_promote_reference_copies_full_mode_results_only(tmp_path, monkeypatch):
     check = json.loads((folder / "prediction_check.json").read_text())
     assert check["notebooks"] == {"02_demo": {"conv": {"8": 1.4}}} and check["hardware"]["name"] == "1x-test-gpu"
     assert promote_reference.main([str(tmp_path / "empty")]) == 2
+    packed = results.pack_results(src)  # a learner's download from a hosted lesson
+    assert packed == tmp_path / "results-1x-test-gpu.zip"
+    monkeypatch.setattr(promote_reference, "reference_dir", lambda: tmp_path / "from-zip")
+    assert promote_reference.main([str(packed)]) == 0
+    assert sorted(p.name for p in (tmp_path / "from-zip" / "1x-test-gpu").iterdir()) == ["02_demo.json",
+                                                                                         "prediction_check.json"]
 
 
 def test_budget_shares_cover_every_notebook_and_add_up_to_the_budget():

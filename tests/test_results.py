@@ -66,6 +66,7 @@ def test_report_collects_every_result(tmp_path):
 def test_work_dir_is_per_process_and_cleans_up_finished_runs(tmp_path, monkeypatch):
     import os
 
+    (tmp_path / "pyproject.toml").write_text("")  # a checkout
     monkeypatch.setattr(results, "project_root", lambda: tmp_path)
     stale = tmp_path / "build" / "work" / "nb" / "run-999999999"  # no such process
     stale.mkdir(parents=True)

@@ -20,6 +20,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from course_links import open_links  # (tools/ is the script's folder: first on sys.path)
+
 ROOT = Path(__file__).resolve().parent.parent
 TIMES = ROOT / "data" / "course_times.json"
 README = ROOT / "README.md"
@@ -129,7 +131,9 @@ def course_map(data: dict, hashes: dict) -> str:
     rows = ["| notebook | the question it answers | CPU laptop: full | quick | one GPU: full | quick |",
             "|---|---|---|---|---|---|"]
     for stem, lesson in data["lessons"].items():
-        row = [f"[`{stem}.ipynb`](notebooks/{stem}.ipynb)", lesson["question"], *cells(lesson, hashes.get(stem), tags)]
+        opened = " · ".join(f"[{name}]({url})" for name, url in open_links(stem).items())
+        row = [f"[`{stem}.ipynb`](notebooks/{stem}.ipynb)<br>{opened}", lesson["question"],
+               *cells(lesson, hashes.get(stem), tags)]
         rows.append("| " + " | ".join(row) + " |")
     rows += ["", ("Times are wall-clock for the whole notebook, measured by `make run` (`tools/run_course.py`) and "
              f"kept in `data/course_times.json`; the letter names the machine: {machine_legend(tags)}. "

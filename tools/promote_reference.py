@@ -1,6 +1,7 @@
 """Copy results measured on real hardware into data/reference/<hardware-name>/ (after `make gpu-check`).
 
     python tools/promote_reference.py OUT/results [--force]
+    python tools/promote_reference.py results-1x-Tesla-T4.zip      # what a lesson on Colab or Kaggle packed
 
 Only full-mode results measured on a GPU are promoted (quick-mode figures and CPU runs are not references), never
 those of a notebook stopped at its time limit; results sized to a time budget (`make gpu-check`) keep their
@@ -17,6 +18,8 @@ import argparse
 import json
 import shutil
 import sys
+import tempfile
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,9 +64,15 @@ def keep_floors(times_path: Path, floors_path: Path = FLOORS) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("results", help="a folder of results JSON files (build/results or $OUT/results)")
+    ap.add_argument("results", help="a folder of results JSON files (build/results or $OUT/results), or the zip a "
+                    "hosted lesson packed (helpers.results.pack_results)")
     ap.add_argument("--force", action="store_true", help="replace existing reference files")
     args = ap.parse_args(argv)
+    if args.results.endswith(".zip"):  # a learner's download (helpers.results.pack_results)
+        with tempfile.TemporaryDirectory() as unpacked:
+            with zipfile.ZipFile(args.results) as zf:
+                zf.extractall(unpacked)
+            return main([str(Path(unpacked) / "results")] + (["--force"] if args.force else []))
     files = sorted(Path(args.results).glob("[0-9][0-9]_*.json"))
     if not files:
         print(f"error: no results files in {args.results}", file=sys.stderr)
