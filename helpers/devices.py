@@ -270,7 +270,8 @@ def nvidia_smi(fields: list[str]) -> list[dict] | None:
     return [dict(zip(fields, row)) for row in rows if len(row) == len(fields)] or None
 
 
-def _nvidia_driver() -> str | None:
+def nvidia_driver() -> str | None:
+    """The NVIDIA driver's version from ``nvidia-smi``, None without one (notebook 00; ``make check``)."""
     rows = nvidia_smi(["driver_version"])
     return rows[0]["driver_version"] if rows else None
 
@@ -298,7 +299,7 @@ def describe() -> dict:
         "torch": torch.__version__,
         "cuda_build": torch.version.cuda,
         "cudnn": cudnn,
-        "nvidia_driver": _nvidia_driver() if gpus else None,
+        "nvidia_driver": nvidia_driver() if gpus else None,
         "gpus": gpus,
         "mps": _mps_available(),
         "name": hardware_name(gpus=gpus),

@@ -588,9 +588,9 @@ def _lever_channels_last(b: _Bench, share: float) -> dict | str:
 
 
 def _lever_compile(b: _Bench, share: float) -> dict | str:
-    from .regimes import _compile_allowed
+    from .regimes import require_compiler
 
-    _compile_allowed()
+    require_compiler()
     torch._dynamo.reset()
     side = b.model_side(compiled=True)
     t0 = time.perf_counter()

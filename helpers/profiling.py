@@ -33,7 +33,7 @@ from .step import split_batch
 PHASES = ("data wait", "host to device", "forward", "backward", "optimizer")
 PHASE_PREFIX = "phase/"       # record_function names: "phase/forward", ...
 INPUT_BOUND_SHARE = 0.2       # input phases (data wait + copy) at least this share of the step: input-bound
-LAUNCH_BOUND_BUSY = 0.5       # device busy less than this share of the compute phases: launch-bound
+OVERHEAD_BOUND_BUSY = 0.5       # device busy less than this share of the compute phases: overhead-bound
 GPU_KERNEL_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
@@ -222,18 +222,18 @@ def step_phases(trace) -> StepPhases:
 class Verdict:
     """What bounds a training step, why (from the numbers), and the fix that calls for (notebook 09)."""
 
-    bound: str      # "input-bound" | "launch-bound" | "compute-bound"
+    bound: str      # "input" | "overhead" | "compute": the course's words for what bounds a step
     reason: str
     fix: str
 
 
 FIXES = {
-    "input-bound": "feed the device faster: more DataLoader workers (num_workers), pin_memory=True with "
-                   "non_blocking copies, augmentation batched on the device, decoded images cached (notebook 04)",
-    "launch-bound": "give the device bigger pieces of work: a larger batch, fewer and fused operators "
-                    "(torch.compile), CUDA graphs (notebook 08)",
-    "compute-bound": "make the arithmetic cheaper: mixed precision and channels_last (notebook 06), "
-                     "torch.compile (notebook 08), a faster or a second device (notebook 05)",
+    "input": "feed the device faster: more DataLoader workers (num_workers), pin_memory=True with "
+             "non_blocking copies, augmentation batched on the device, decoded images cached (notebook 04)",
+    "overhead": "give the device bigger pieces of work: a larger batch, fewer and fused operators "
+                "(torch.compile), CUDA graphs (notebook 08)",
+    "compute": "make the arithmetic cheaper: mixed precision and channels_last (notebook 06), "
+               "torch.compile (notebook 08), a faster or a second device (notebook 05)",
 }
 
 
@@ -241,7 +241,7 @@ def verdict(phase_ms: dict, busy_ms: float | None = None) -> Verdict:
     """Name the bound of a step from its phases (ms) and device busy time (notebook 09).
 
     Input-bound: data wait + host→device copy take at least ``INPUT_BOUND_SHARE`` of the step. Otherwise
-    launch-bound: the device is busy for less than ``LAUNCH_BOUND_BUSY`` of the compute phases (it waits for
+    overhead-bound: the device is busy for less than ``OVERHEAD_BOUND_BUSY`` of the compute phases (it waits for
     the host to issue work). Otherwise compute-bound.
     """
     step = sum(phase_ms.values())
@@ -250,14 +250,14 @@ def verdict(phase_ms: dict, busy_ms: float | None = None) -> Verdict:
     inputs = phase_ms.get("data wait", 0.0) + phase_ms.get("host to device", 0.0)
     compute = sum(phase_ms.get(k, 0.0) for k in ("forward", "backward", "optimizer"))
     if inputs / step >= INPUT_BOUND_SHARE:
-        return Verdict("input-bound", f"waiting for and copying the batch takes {inputs / step:.0%} of the step",
-                       FIXES["input-bound"])
-    if busy_ms is not None and compute > 0 and busy_ms / compute < LAUNCH_BOUND_BUSY:
-        return Verdict("launch-bound", f"the device is busy for only {busy_ms / compute:.0%} of the forward, "
-                       "backward and optimizer time", FIXES["launch-bound"])
+        return Verdict("input", f"waiting for and copying the batch takes {inputs / step:.0%} of the step",
+                       FIXES["input"])
+    if busy_ms is not None and compute > 0 and busy_ms / compute < OVERHEAD_BOUND_BUSY:
+        return Verdict("overhead", f"the device is busy for only {busy_ms / compute:.0%} of the forward, "
+                       "backward and optimizer time", FIXES["overhead"])
     busy = f"; the device is busy {busy_ms / compute:.0%} of it" if busy_ms is not None and compute > 0 else ""
-    return Verdict("compute-bound", f"forward, backward and optimizer take {compute / step:.0%} of the step{busy}",
-                   FIXES["compute-bound"])
+    return Verdict("compute", f"forward, backward and optimizer take {compute / step:.0%} of the step{busy}",
+                   FIXES["compute"])
 
 
 # ---------------------------------------------------------------- memory

@@ -95,9 +95,10 @@ def _first_call_seconds(step, device) -> float:
     return time.perf_counter() - t0
 
 
-def _compile_allowed() -> None:
-    """Raise when the run was told inductor cannot build kernels here (``make gpu-check``'s pre-flight found no C
-    compiler or no Python.h and set ``COURSE_NO_COMPILE=1``): one clear error instead of a failure per compile."""
+def require_compiler() -> None:
+    """Raise before ``torch.compile`` (notebooks 08, 10) when the run was told inductor cannot build kernels here
+    (``make gpu-check``'s pre-flight found no C compiler or no Python.h and set ``COURSE_NO_COMPILE=1``): one
+    clear error instead of a failure per compile."""
     if os.environ.get("COURSE_NO_COMPILE") == "1":
         raise RuntimeError("torch.compile skipped: no C compiler or Python.h on this machine (COURSE_NO_COMPILE=1)")
 
@@ -126,7 +127,7 @@ def compare_compiled(make_model, batch, device="auto", *, amp=False, mode: str |
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
     try:
-        _compile_allowed()
+        require_compiler()
         compiled = torch.compile(model, mode=mode)
         step = train_step(compiled, torch.optim.SGD(compiled.parameters(), lr=0.01), batch, device, amp=amp,
                           host_inputs=host_inputs)
@@ -169,7 +170,7 @@ def fusion(n: int, device="auto", min_run_time: float = 0.3) -> dict:
     eager = time_fn(lambda: elementwise_chain(x), device, min_run_time=min_run_time)
     torch._dynamo.reset()
     try:
-        _compile_allowed()
+        require_compiler()
         fused = torch.compile(elementwise_chain)
         compile_s = _first_call_seconds(lambda: fused(x), device)
         comp = time_fn(lambda: fused(x), device, min_run_time=min_run_time)

@@ -182,7 +182,7 @@ def datasheet(path: str | Path | None = None) -> dict:
 def launch_cost(path: str | Path | None = None) -> dict:
     """The host's cost of one CUDA kernel launch, from the datasheet file: ``{"value" (s), "quote", "url", ...}``.
 
-    The lower end of the range its source quotes, so a launch-bound prediction is a lower bound (notebook 08).
+    The lower end of the range its source quotes, so an overhead-bound prediction is a lower bound (notebook 08).
     """
     data = _datasheet_file(str(path or datasheet_path()))
     row = dict(data["launch_s"])

@@ -5,7 +5,7 @@ Each section runs in the notebook's namespace and ends with the exercise's own c
 # %% exercise 1
 inputs_share = (1.2 + 0.4) / sum(exercise_phases.values())  # 17 %: below 20 %, so not input-bound
 busy_share = 2.3 / (2.1 + 3.9 + 1.6)                           # 30 %: below 50 %, the GPU mostly waits for the host
-answer_bound = "launch-bound"
+answer_bound = "overhead"
 check(answer_bound, profiling.verdict(exercise_phases, busy_ms=2.3).bound, unset=NOT_ATTEMPTED)
 
 # %% exercise 2

@@ -209,3 +209,21 @@ def test_float32_precision_on_torch_before_2_9(monkeypatch):
     with devices.float32_precision("ieee"):
         assert matmul.allow_tf32 is False and torch.backends.cudnn.allow_tf32 is False
     assert matmul.allow_tf32 is True
+
+
+@pytest.mark.parametrize("capability,half,tf32", [((7, 0), "fp16", False), ((7, 5), "fp16", False),
+                                                  ((8, 0), "bf16", True), ((9, 0), "bf16", True)])
+def test_one_half_precision_rule_on_each_gpu_generation(monkeypatch, capability, half, tf32):
+    """A T4 (7.5) or V100 (7.0) gets fp16 (with a GradScaler) and no TF32 row; Ampere and newer bf16 and TF32."""
+    monkeypatch.setattr(devices, "compute_capability", lambda device: capability)
+    gpu = torch.device("cuda", 0)
+    assert devices.half_precision(gpu) is {"fp16": torch.float16, "bf16": torch.bfloat16}[half]
+    assert devices.has_tf32(gpu) is tf32
+    assert list(devices.precisions(gpu)) == ["fp32"] + (["tf32"] if tf32 else []) + [half]
+
+
+def test_half_precision_on_a_cpu_follows_its_bf16_instructions(monkeypatch):
+    for native, rows in [(True, ["fp32", "bf16"]), (False, ["fp32"])]:
+        monkeypatch.setattr(devices, "cpu_bf16_native", lambda native=native: native)
+        assert list(devices.precisions("cpu")) == rows
+    assert devices.half_precision("mps") is torch.float16 and not devices.has_tf32("mps")

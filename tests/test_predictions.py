@@ -101,3 +101,17 @@ def test_training_runs_record_mfu(executed, prefix):
     mfu = results.get("mfu")
     values = list(mfu.values()) if isinstance(mfu, dict) else [mfu]
     assert values and all(isinstance(v, float) and 0 < v < 1 for v in values), mfu
+
+
+def test_quick_results_keep_the_keys_they_had_before_the_house_moves():
+    """Every key each notebook's quick results had on a CPU before issue 37 moved code (tests/quick_results_keys.json)
+    is still there: a refactor of ``helpers`` keeps what every lesson records."""
+    before = json.loads((ROOT / "tests" / "quick_results_keys.json").read_text())["keys"]
+    lost = {}
+    for stem, keys in before.items():
+        path = RESULTS / f"{stem}.json"
+        assert path.exists(), f"{path} missing: run nbval over notebooks/{stem}.ipynb first (make test does)"
+        missing = set(keys) - set(json.loads(path.read_text())["results"])
+        if missing:
+            lost[stem] = sorted(missing)
+    assert lost == {}, f"quick results lost keys: {lost}"

@@ -173,12 +173,12 @@ def test_profile_training_without_the_profiler_still_times_the_phases():
 
 
 @pytest.mark.parametrize("phases, busy, bound", [
-    ({"data wait": 30, "host to device": 2, "forward": 20, "backward": 40, "optimizer": 5}, 60, "input-bound"),
-    ({"data wait": 18, "host to device": 2, "forward": 20, "backward": 50, "optimizer": 10}, 80, "input-bound"),  # 20 %
-    ({"data wait": 1, "host to device": 0.5, "forward": 6, "backward": 10, "optimizer": 4}, 5, "launch-bound"),
-    ({"data wait": 1, "host to device": 0.5, "forward": 6, "backward": 10, "optimizer": 4}, None, "compute-bound"),
-    ({"data wait": 1, "host to device": 2, "forward": 30, "backward": 60, "optimizer": 8}, 95, "compute-bound"),
-    ({"data wait": 1, "host to device": 0, "forward": 30, "backward": 60, "optimizer": 9}, 49.4, "launch-bound"),
+    ({"data wait": 30, "host to device": 2, "forward": 20, "backward": 40, "optimizer": 5}, 60, "input"),
+    ({"data wait": 18, "host to device": 2, "forward": 20, "backward": 50, "optimizer": 10}, 80, "input"),  # 20 %
+    ({"data wait": 1, "host to device": 0.5, "forward": 6, "backward": 10, "optimizer": 4}, 5, "overhead"),
+    ({"data wait": 1, "host to device": 0.5, "forward": 6, "backward": 10, "optimizer": 4}, None, "compute"),
+    ({"data wait": 1, "host to device": 2, "forward": 30, "backward": 60, "optimizer": 8}, 95, "compute"),
+    ({"data wait": 1, "host to device": 0, "forward": 30, "backward": 60, "optimizer": 9}, 49.4, "overhead"),
 ])
 def test_verdict_rules(phases, busy, bound):
     v = profiling.verdict(phases, busy_ms=busy)

@@ -49,7 +49,7 @@ class Report:
 def check_torch(r: Report) -> None:
     import torch
 
-    from helpers.devices import _nvidia_driver, cpu_bf16_native, half_precision, usable_cpus
+    from helpers.devices import cpu_bf16_native, half_precision, nvidia_driver, usable_cpus
     from helpers.regimes import matmul_rate
 
     def tflops(device, dtype, n: int = 2048) -> float:  # lesson 08's timed matmul, in TFLOP/s
@@ -62,7 +62,7 @@ def check_torch(r: Report) -> None:
     if not torch.cuda.is_available():
         r.fact("GPUs", "none (CUDA not available): the course runs on the CPU; GPU lessons show reference results")
         return
-    r.fact("NVIDIA driver", str(_nvidia_driver()))
+    r.fact("NVIDIA driver", str(nvidia_driver()))
     for i in range(torch.cuda.device_count()):
         dev = torch.device("cuda", i)
         p = torch.cuda.get_device_properties(i)
