@@ -104,3 +104,23 @@ def _as_output(out, count: int):
     if kind == "execute_result":
         return nbformat.v4.new_output("execute_result", data=data, metadata=meta, execution_count=count)
     return nbformat.v4.new_output("display_data", data=data, metadata=meta)
+
+
+def executed_notebooks(prefixes=None) -> tuple[Path, Path]:
+    """``(executed notebooks, their results)`` of this run's nbval (build/test-executed/, build/test-results/); when
+    a test file runs alone and some are missing or older than their source, those notebooks (``prefixes``: their
+    two-digit numbers, default all) are run here once, quick, on the CPU (tools/run_course.py)."""
+    import subprocess
+    import sys
+
+    sources = [nb for nb in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+               if prefixes is None or nb.name[:2] in prefixes]
+    results = ROOT / "build" / "test-results"
+    if all((EXECUTED_DIR / nb.name).exists() and (EXECUTED_DIR / nb.name).stat().st_mtime >= nb.stat().st_mtime
+           and (results / f"{nb.stem}.json").exists() for nb in sources):
+        return EXECUTED_DIR, results
+    out = ROOT / "build" / "executed-test-run"
+    subprocess.run([sys.executable, str(ROOT / "tools" / "run_course.py"), "--quick", "--device", "cpu", "--out",
+                    str(out)] + (["--only", ",".join(sorted(prefixes))] if prefixes else []), check=True)
+    return out / "notebooks", out / "results"
+

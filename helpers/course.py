@@ -19,6 +19,9 @@ import torch
 from . import course_parameters, devices, results
 from .speedoflight import PREDICTED
 
+# The GPU size tables' largest step, lesson 11's GPT, is predicted at 4.6 GiB (gpt.memory_prediction; tests/test_gpt.py
+# keeps it within a T4): an Apple GPU gets them from this much of Metal's recommended working set, with room to spare.
+APPLE_GPU_MIN_GIB = 8
 NOT_ATTEMPTED = "not attempted"  # the placeholder an exercise cell starts with when None is a valid answer
 
 
@@ -51,14 +54,22 @@ class Lesson:
 
     @property
     def mode(self) -> str:
-        """``"quick"``, ``"cpu"`` or ``"gpu"``: which column of a notebook's size table applies."""
-        return "quick" if self.quick else ("gpu" if self.on_gpu else "cpu")
+        """``"quick"``, ``"cpu"`` or ``"gpu"``: which column of a notebook's size table applies. An Apple GPU gets
+        the GPU column only with ``APPLE_GPU_MIN_GIB`` of Metal's recommended working set (a Mac's memory is shared)."""
+        if self.quick:
+            return "quick"
+        if self.device.type == "mps":
+            return "gpu" if devices.apple_gpu_gib() >= APPLE_GPU_MIN_GIB else "cpu"
+        return "gpu" if self.on_gpu else "cpu"
 
     def sizes(self, *, quick: dict, cpu: dict, gpu: dict) -> SimpleNamespace:
         """Pick this run's sizes from the notebook's table (one dict per mode, the same keys in each)."""
         if not set(quick) == set(cpu) == set(gpu):
             raise ValueError(f"the size table's modes name different sizes: quick {sorted(quick)}, cpu {sorted(cpu)}, "
                              f"gpu {sorted(gpu)}")
+        if self.device.type == "mps" and self.mode == "cpu":
+            print(f"Apple GPU with {devices.apple_gpu_gib():.1f} GiB of Metal's recommended working set: this run "
+                  f"uses the CPU column of the size table (the GPU column needs about {APPLE_GPU_MIN_GIB} GiB)")
         return SimpleNamespace(**{"quick": quick, "cpu": cpu, "gpu": gpu}[self.mode])
 
     def within_budget(self, wanted: int, seconds_each: float, *, share: float = 1.0, minimum: int = 1,

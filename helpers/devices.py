@@ -60,6 +60,12 @@ def compute_capability(device) -> tuple[int, int] | None:
     return tuple(torch.cuda.get_device_capability(device)) if device.type == "cuda" else None
 
 
+def apple_gpu_gib() -> float:
+    """Metal's recommended working set of this Mac's GPU in GiB (``torch.mps.recommended_max_memory``), 0 without
+    one: the unified memory a run may use without slowing the machine (notebook 00)."""
+    return torch.mps.recommended_max_memory() / 2**30 if _mps_available() else 0.0
+
+
 def half_precision(device) -> torch.dtype | None:
     """The one rule for a device's half precision, used by every lesson (notebook 06): bf16 where it is native —
     CUDA compute capability >= 8.0 (Ampere and newer), a CPU with bf16 instructions — else fp16 on a CUDA GPU

@@ -56,6 +56,17 @@ def test_sizes_table_picks_the_column_of_the_mode():
         _lesson(True).sizes(quick={"epochs": 1}, cpu={"epochs": 2, "batch": 3}, gpu={"epochs": 3})
 
 
+def test_an_apple_gpu_gets_the_gpu_sizes_only_with_the_memory_for_them(monkeypatch, capsys):
+    table = dict(quick={"batch": 8}, cpu={"batch": 128}, gpu={"batch": 2048})
+    mac = _lesson(False, "mps")  # a torch.device needs no Mac to exist
+    monkeypatch.setattr(course.devices, "apple_gpu_gib", lambda: 5.3)  # an 8 GB Mac, say
+    assert mac.mode == "cpu" and mac.sizes(**table).batch == 128
+    assert "uses the CPU column" in capsys.readouterr().out
+    monkeypatch.setattr(course.devices, "apple_gpu_gib", lambda: course.APPLE_GPU_MIN_GIB + 2.0)
+    assert mac.mode == "gpu" and mac.sizes(**table).batch == 2048
+    assert _lesson(True, "mps").sizes(**table).batch == 8
+
+
 def test_save_writes_a_results_file(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("COURSE_RESULTS_DIR", str(tmp_path))
     path = _lesson(True).save({"value": torch.tensor(2.5)})

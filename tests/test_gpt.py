@@ -179,3 +179,37 @@ def test_peak_memory_on_an_apple_gpu_is_read_from_the_metal_driver(monkeypatch):
         driver["bytes"] += 48 * 2**20
 
     assert gpt.peak_mb(fn, "mps") == pytest.approx(48.0)
+
+
+def _size_table(notebook: str, column: str) -> dict:
+    """The ``column`` ("gpu", "cpu", "quick") of a notebook's ``lesson.sizes(...)`` table, from its source."""
+    import ast
+    import json
+    from pathlib import Path
+
+    cells = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / notebook).read_text())["cells"]
+    for cell in cells:
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "code" and "lesson.sizes(" in source:
+            call = next(n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call)
+                        and getattr(n.func, "attr", "") == "sizes")
+            table = next(k.value for k in call.keywords if k.arg == column)
+            return {k.arg: ast.literal_eval(k.value) for k in table.keywords
+                    if isinstance(k.value, (ast.Constant, ast.List, ast.Tuple, ast.Dict))}
+    raise AssertionError(f"{notebook} has no size table")
+
+
+@pytest.mark.parametrize("notebook,names", [
+    ("11_small_gpt.ipynb", ("d_model", "n_layers", "n_heads", "seq_len", "batch")),
+    ("10_diagnose_your_training.ipynb", ("gpt_d", "gpt_layers", None, "gpt_seq", "gpt_batch")),  # 4 heads
+])
+def test_the_gpu_sized_gpt_step_fits_a_t4(notebook, names):
+    """The largest training step of the GPU size tables, predicted with lesson 11's own formula in fp32: weights,
+    AdamW state and activations within a T4's 15 GB with a quarter to spare (the CUDA context, the allocator's
+    rounding, attention's workspace are not in the formula)."""
+    size = _size_table(notebook, "gpu")
+    d, layers, heads, seq, batch = (size[n] if n else 4 for n in names)
+    cfg = gpt.GPTConfig(vocab=65, seq_len=seq, d_model=d, n_layers=layers, n_heads=heads)
+    n_params = sum(p.numel() for p in gpt.GPT(cfg).parameters())
+    peak = gpt.memory_prediction(cfg, batch, n_params)["peak"]
+    assert peak <= 0.75 * 15e9, f"{notebook}: predicted peak {peak / 1e9:.1f} GB on a T4"

@@ -9,7 +9,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import tarfile
 import subprocess
 import sys
@@ -95,7 +94,7 @@ def _tree(root: Path) -> dict:
 def test_gpu_check_installs_tools_from_wheelhouse_and_runs_a_notebook(node, tmp_path):
     out = tmp_path / "out"
     before = _tree(ROOT)
-    run = _gpu_check(node, out, "DEVICE=cpu", "ALLOW_CPU=1", "QUICK=1", "ONLY=00", "BENCH=0")
+    run = _gpu_check(node, out, "DEVICE=cpu", "ALLOW_CPU=1", "QUICK=1", "ONLY=00,05", "BENCH=0")  # no CIFAR10
     after = _tree(ROOT)
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
@@ -106,21 +105,14 @@ def test_gpu_check_installs_tools_from_wheelhouse_and_runs_a_notebook(node, tmp_
         names = tar.getnames()
     assert {"times.json", "report.md", "preflight.txt", "results/00_getting_started.json"} <= set(names)
     assert "papermill" in run.stdout
-    assert re.search(r"\[1/1\] 00_getting_started.ipynb \.\.\. \(budget \d+ s, limit \d+ s\) done in", run.stdout)
+    assert re.search(r"\[1/\d\] 00_getting_started.ipynb \.\.\. \(budget \d+ s, limit \d+ s\) done in", run.stdout)
+    assert "05_multi_gpu_training.ipynb: skipped: it needs CIFAR-10" in run.stdout  # and the run goes on to exit 0
     rec = (out / "results" / "00_getting_started.json").read_text()
     assert '"quick": true' in rec and '"device": "cpu"' in rec
     assert (out / "notebooks" / "00_getting_started.ipynb").exists()
     assert any((out / "site").glob("papermill*")), "the tools went into the scratch folder"
     still = subprocess.run([str(node), "-c", "import papermill"], capture_output=True, env=_env(), timeout=120)
     assert still.returncode != 0, "the node's own Python must be left without the tools"
-
-
-def test_gpu_check_skips_cifar_lessons_without_cifar(node, tmp_path):
-    out = tmp_path / "out"
-    run = _gpu_check(node, out, "DEVICE=cpu", "ALLOW_CPU=1", "QUICK=1", "ONLY=05", "BENCH=0", timeout=300)
-    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
-    assert "05_multi_gpu_training.ipynb: skipped: it needs CIFAR-10" in run.stdout
-    shutil.rmtree(out, ignore_errors=True)
 
 
 def test_make_wheelhouse_as_written_names_an_integer_python_version():

@@ -43,24 +43,6 @@ def _checkout_files() -> dict:
     return found
 
 
-def test_the_wheel_ships_what_the_lessons_read_and_not_the_tools_data(wheel, tmp_path):
-    python = hosted_check.runtime_python(tmp_path)
-    subprocess.run([str(python), "-m", "pip", "install", "--no-index", "--no-deps", "--quiet", str(wheel)], check=True,
-                   capture_output=True, timeout=300, env=hosted_check.runtime_env(tmp_path, None))
-    probe = ("import json; from helpers.results import course_file, in_checkout; "
-             "names = [('data', 'gpu_datasheet.json'), ('data', 'JapaneseVowels_TRAIN.ts'), ('data', "
-             "'tinyshakespeare.txt'), ('solutions', '03_transfer_overhead.py'), ('data', 'budget_floors.json')]; "
-             "print(json.dumps([in_checkout()] + [[str(course_file(*n)), course_file(*n).is_file()] for n in names]))")
-    out = subprocess.run([str(python), "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                         env=hosted_check.runtime_env(tmp_path, None))
-    assert out.returncode == 0, out.stderr[-2000:]
-    checkout, *files = json.loads(out.stdout)
-    assert checkout is False
-    site = str(tmp_path / "python")
-    assert all(path.startswith(site) for path, _ in files), "read from the installed package, not the checkout"
-    assert [found for _, found in files] == [True, True, True, True, False]
-
-
 def test_first_cell_offline_without_course_source_fails_in_one_line(tmp_path):
     python = hosted_check.runtime_python(tmp_path)
     lesson = tmp_path / "lesson"
@@ -89,6 +71,18 @@ def test_a_lesson_alone_in_an_empty_folder_installs_the_course_and_runs(wheel, t
     after = _checkout_files()
     changed = sorted(p for p in set(before) | set(after) if before.get(p) != after.get(p))
     assert changed == [], f"the hosted run wrote into the checkout: {changed[:10]}"
+    # what the lesson read came from the installed package, which ships what lessons read and not the tools' data
+    probe = ("import json; from helpers.results import course_file, in_checkout; "
+             "names = [('data', 'gpu_datasheet.json'), ('data', 'JapaneseVowels_TRAIN.ts'), ('data', "
+             "'tinyshakespeare.txt'), ('solutions', '03_transfer_overhead.py'), ('data', 'budget_floors.json')]; "
+             "print(json.dumps([in_checkout()] + [[str(course_file(*n)), course_file(*n).is_file()] for n in names]))")
+    out = subprocess.run([str(python), "-c", probe], cwd=tmp_path / "lesson", capture_output=True, text=True,
+                         timeout=300, env=hosted_check.runtime_env(tmp_path, None))
+    assert out.returncode == 0, out.stderr[-2000:]
+    checkout, *files = json.loads(out.stdout)
+    assert checkout is False
+    assert all(path.startswith(str(tmp_path / "python")) for path, _ in files), "read from the installed package"
+    assert [found for _, found in files] == [True, True, True, True, False]
 
 
 def _by_hand(name: str, text: str | None = None) -> str:

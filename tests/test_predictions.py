@@ -4,15 +4,13 @@ two datasheet GPUs beside any "no reference committed" line; its results hold ``
 runs the six notebooks itself (tools/run_course.py, quick, CPU)."""
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import nbformat
 import pytest
+from conftest import executed_notebooks
 
 ROOT = Path(__file__).resolve().parent.parent
-EXECUTED, RESULTS = ROOT / "build" / "test-executed", ROOT / "build" / "test-results"
 PREDICTING = ("01", "02", "03", "05", "06", "08")  # the lessons whose main question needs a GPU
 TRAINING = ("01", "05", "06")                      # ... and those of them that train a model
 LABEL = "predicted from the datasheet, not measured"
@@ -27,18 +25,10 @@ def _sources():
 
 @pytest.fixture(scope="module")
 def executed():
-    """``{prefix: (executed notebook, results record)}`` from this run, or from a run of the six made here."""
-    sources = _sources()
-    fresh = all((EXECUTED / nb.name).exists() and (EXECUTED / nb.name).stat().st_mtime >= nb.stat().st_mtime
-                and (RESULTS / f"{nb.stem}.json").exists() for nb in sources)
-    folder, results = EXECUTED, RESULTS
-    if not fresh:
-        out = ROOT / "build" / "predictions-test-run"
-        subprocess.run([sys.executable, str(ROOT / "tools" / "run_course.py"), "--quick", "--device", "cpu",
-                        "--only", ",".join(PREDICTING), "--out", str(out)], check=True)
-        folder, results = out / "notebooks", out / "results"
+    """``{prefix: (executed notebook, results record)}`` from this run (or of the six, run here when alone)."""
+    folder, results = executed_notebooks(PREDICTING)
     return {nb.name[:2]: (nbformat.read(folder / nb.name, as_version=4),
-                          json.loads((results / f"{nb.stem}.json").read_text())["results"]) for nb in sources}
+                          json.loads((results / f"{nb.stem}.json").read_text())["results"]) for nb in _sources()}
 
 
 def cell_texts(nb) -> list[str]:
@@ -107,11 +97,9 @@ def test_quick_results_keep_the_keys_they_had_before_the_house_moves():
     """Every key each notebook's quick results had on a CPU before issue 37 moved code (tests/quick_results_keys.json)
     is still there: a refactor of ``helpers`` keeps what every lesson records."""
     before = json.loads((ROOT / "tests" / "quick_results_keys.json").read_text())["keys"]
-    lost = {}
+    results, lost = executed_notebooks()[1], {}
     for stem, keys in before.items():
-        path = RESULTS / f"{stem}.json"
-        assert path.exists(), f"{path} missing: run nbval over notebooks/{stem}.ipynb first (make test does)"
-        missing = set(keys) - set(json.loads(path.read_text())["results"])
+        missing = set(keys) - set(json.loads((results / f"{stem}.json").read_text())["results"])
         if missing:
             lost[stem] = sorted(missing)
     assert lost == {}, f"quick results lost keys: {lost}"

@@ -24,11 +24,10 @@ from urllib.parse import urljoin, urlparse
 
 import nbformat
 import pytest
+from conftest import executed_notebooks
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-EXECUTED = ROOT / "build" / "test-executed"
-RESULTS = ROOT / "build" / "test-results"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
                  "--disable-background-networking", "--disable-component-update"]
 pytestmark = pytest.mark.browser
@@ -88,22 +87,9 @@ def _serve(folder: Path):
     return server, f"http://127.0.0.1:{server.server_address[1]}/"
 
 
-def _executed_notebooks() -> tuple[Path, Path]:
-    """The notebooks nbval executed in this run; run any missing ones (when this file runs alone)."""
-    sources = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-    fresh = all((EXECUTED / nb.name).exists() and (EXECUTED / nb.name).stat().st_mtime >= nb.stat().st_mtime
-                for nb in sources)
-    if fresh:
-        return EXECUTED, RESULTS
-    out = ROOT / "build" / "site-test-run"
-    subprocess.run([sys.executable, str(ROOT / "tools" / "run_course.py"), "--quick", "--device", "cpu",
-                    "--out", str(out)], check=True)
-    return out / "notebooks", out / "results"
-
-
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
-    executed, results = _executed_notebooks()
+    executed, results = executed_notebooks()
     out = tmp_path_factory.mktemp("site") / "site"
     started = time.perf_counter()
     done = subprocess.run([sys.executable, str(ROOT / "tools" / "build_site.py"), "--notebooks", str(executed),
