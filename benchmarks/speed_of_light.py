@@ -1,10 +1,10 @@
 """The speed-of-light model checked on this machine: each course workload's FLOPs counted by
-helpers.stepwork.count_step against an analytic count, its step time predicted from this machine's measured
+helpers.counting.count_step against an analytic count, its step time predicted from this machine's measured
 ceilings (helpers.speedoflight) against the measured one, and the same counts predicted on datasheet GPUs.
 
 Analytic counts are independent of PyTorch's counter: per layer, from the shapes a forward hook sees — a
 convolution 2·(C_in/groups)·k_h·k_w·C_out per output position, a linear layer 2·in·out per row, an LSTM
-helpers.stepwork.rnn_flops over the packed positions — times three for a training step (forward, the gradient
+helpers.counting.rnn_flops over the packed positions — times three for a training step (forward, the gradient
 of the input, the gradient of the weights), less the input gradient of the first layer (its input needs none;
 for an LSTM only the input projection's share, I / (I + H): the recurrence still needs the gradient of h).
 Sizes: the CPU sizes of notebooks 01, 05 and 08. Runs on the GPU when there is one (CUDA; `--device cpu` to
@@ -20,7 +20,7 @@ from helpers.devices import describe
 from helpers.labels import LabelEncoder
 from helpers.models import CompactNet, ConvBlockNet, SequenceClassifier
 from helpers.speedoflight import check_predictions, measured_ceilings
-from helpers.stepwork import rnn_flops
+from helpers.counting import rnn_flops
 from helpers.vowels import SequenceDataset, load_japanese_vowels, pad_collate
 
 

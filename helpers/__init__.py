@@ -15,7 +15,7 @@ LAYERS = (
     ("the training step: precision, scaler, batch to the device, the step", ("step",)),
     ("synchronised clocks: time_fn, time_train_step", ("timing",)),
     ("data, models, schedules; counting a step (FLOPs, bytes, operators); timed copies and operations",
-     ("labels", "vowels", "cifar10", "models", "schedules", "stepwork", "transfer", "regimes")),
+     ("labels", "vowels", "cifar10", "models", "schedules", "counting", "transfer", "regimes")),
     ("measured and published ceilings, MFU, predictions; the profiler and memory; torchrun from a notebook",
      ("speedoflight", "profiling", "launcher")),
     ("the training loop (fit, evaluate, checkpoints); the small GPT and its measurements", ("training", "gpt")),

@@ -6,7 +6,7 @@ predicted GPU numbers of notebooks 01-06 are built with it).
   ``helpers.regimes``, and caches the result per machine and torch version in the user's cache folder;
 - ``datasheet`` reads ``data/gpu_datasheet.json``: dense peak FLOP/s per dtype, memory bandwidth and host link of the
   GPUs a learner may meet or rent, each number with its source; ``datasheet_ceilings`` turns an entry into ceilings;
-- ``predict_step`` is a per-operator roofline: it turns the counts of ``helpers.stepwork.count_step`` and a set of
+- ``predict_step`` is a per-operator roofline: it turns the counts of ``helpers.counting.count_step`` and a set of
   ceilings into a predicted step time and names the regime that binds. Nothing here is fitted to a measurement.
 """
 from __future__ import annotations
@@ -158,8 +158,8 @@ def _datasheet_file(path: str) -> dict:
 
 def _gpu_count(model, batch, device="cpu", **count_kw):
     """``count_step`` of the step as a CUDA GPU runs it: the optimizer's foreach kernels, where a CPU runs a
-    for-loop over the parameters (``stepwork.count_step``), unless ``count_kw`` says otherwise."""
-    from .stepwork import count_step
+    for-loop over the parameters (``counting.count_step``), unless ``count_kw`` says otherwise."""
+    from .counting import count_step
 
     return count_step(model, batch, device, **{"foreach": True, **count_kw})
 
@@ -514,7 +514,7 @@ def check_predictions(cases: dict, device="cpu", *, ceilings: dict | None = None
     in true fp32 (``float32_precision("ieee")``): the fp32 peak it is divided by is true fp32's, while cuDNN's
     convolutions and RNNs would run TF32 by default on Ampere and newer GPUs.
     """
-    from .stepwork import count_fn, count_step
+    from .counting import count_fn, count_step
     from .timing import time_fn, time_train_step
 
     ceilings = ceilings or measured_ceilings(device)

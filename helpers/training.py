@@ -402,11 +402,11 @@ def _train_epoch(loop: _Loop, loader, meter: EpochMeter, skip: int = 0, resume_r
 
 
 def _count_work(loop: _Loop, batch, meter: EpochMeter) -> None:
-    """Count one step's FLOPs (``helpers.stepwork.count_step``, on a copy, the RNG state kept) and look up the
+    """Count one step's FLOPs (``helpers.counting.count_step``, on a copy, the RNG state kept) and look up the
     device's measured peak if it is cached (fit never stops to measure it: call
     ``helpers.speedoflight.measured_ceilings`` first); the time it takes is not training time."""
     from .speedoflight import main_dtype, measured_ceilings
-    from .stepwork import count_step
+    from .counting import count_step
 
     model = _unwrap(loop.model)
     paused = loop.pace.clock() if loop.pace is not None else 0.0

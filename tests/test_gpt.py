@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from helpers import gpt
-from helpers.stepwork import count_step
+from helpers.counting import count_step
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = gpt.GPTConfig(vocab=65, seq_len=32, d_model=32, n_layers=2, n_heads=4)

@@ -226,7 +226,7 @@ def test_measured_over_predicted_pairs_what_both_hold():
 def test_fp16_is_predicted_from_the_bf16_count_relabelled(monkeypatch):
     """A T4 runs autocast in fp16 (no bf16 peak in its datasheet): the step is counted once, in bf16, and its
     bf16 operators are predicted at the T4's fp16 peak; nothing is counted in fp16 on the CPU."""
-    from helpers import stepwork
+    from helpers import counting
 
     counted = []
 
@@ -235,7 +235,7 @@ def test_fp16_is_predicted_from_the_bf16_count_relabelled(monkeypatch):
         return synthetic_work(input_bytes=0) | {"rows": [dict(r, dtype="bfloat16" if amp else "float32")
                                                          for r in synthetic_work()["rows"]]}
 
-    monkeypatch.setattr(stepwork, "count_step", fake_count)
+    monkeypatch.setattr(counting, "count_step", fake_count)
     batch = (torch.zeros(4, 3), torch.zeros(4, dtype=torch.long))
     found = speedoflight.predicted_training(lambda: None, batch, images=8, amp=True, gpus=("T4", "A100 80GB SXM"),
                                             op_s=1e-9)
@@ -249,7 +249,7 @@ def test_gpu_predictions_count_the_optimizer_as_cuda_runs_it():
     """On CUDA tensors torch.optim defaults to its foreach kernels: the count behind a GPU prediction has fewer
     operators than the CPU's for-loop count of the same step (SGD on a multi-layer model)."""
     from helpers.models import ConvBlockNet
-    from helpers.stepwork import count_step
+    from helpers.counting import count_step
 
     batch = (torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,)))
     cpu = count_step(ConvBlockNet(depth=2), batch, "cpu")
@@ -305,7 +305,7 @@ def test_a_gpu_without_the_dtype_is_said_not_dropped(monkeypatch):
     """The H200's datasheet entry has no FP32 row: an fp32 step is skipped for it, with the reason said once."""
     from helpers import speedoflight
 
-    from helpers.stepwork import count_fn
+    from helpers.counting import count_fn
 
     a = torch.randn(256, 256)
     work = count_fn(lambda x: x @ a, torch.randn(256, 256))  # an fp32 matmul

@@ -325,15 +325,15 @@ def test_a_time_limit_of_zero_trains_one_step():
 
 def test_time_spent_counting_flops_is_not_training_time(monkeypatch):
     """fit counts the first step's FLOPs on a copy; the pace leaves that time out of the budget."""
-    from helpers import stepwork
+    from helpers import counting
 
-    clock, real = _StepClock(2**-6), stepwork.count_step
+    clock, real = _StepClock(2**-6), counting.count_step
 
     def slow_count(*args, **kwargs):
         clock.now += 100.0  # counting takes 100 s by the pace's clock
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(stepwork, "count_step", slow_count)
+    monkeypatch.setattr(counting, "count_step", slow_count)
     history, _ = _pace_run(5.0, 2, clock=clock, monkeypatch=monkeypatch)
     assert clock.now > 100, "the count ran"
     assert len(history.epochs) == 2 and not history.epochs[-1].get("partial"), "100 s of counting spent no budget"

@@ -1,4 +1,4 @@
-"""helpers.stepwork: the counts of a training step against analytic values (notebook 08)."""
+"""helpers.counting: the counts of a training step against analytic values (notebook 08)."""
 import json
 
 import pytest
@@ -7,9 +7,9 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence
 from torch.utils.flop_counter import FlopCounterMode
 
-from helpers import stepwork
+from helpers import counting
 from helpers.models import ConvBlockNet
-from helpers.stepwork import ANALYTIC_OPS, WorkCounter, count_step, rnn_flops, tensor_bytes
+from helpers.counting import ANALYTIC_OPS, WorkCounter, count_step, rnn_flops, tensor_bytes
 
 aten = torch.ops.aten
 
@@ -148,7 +148,7 @@ def test_a_fused_recurrent_operator_counts_a_launch_per_time_step():
     fused = sum(r["calls"] for r in work.rows if "mkldnn_rnn_layer" in r["op"])
     assert fused == 4, "two directions, forward and backward: four fused calls"
     assert work.kernels >= fused * t and work.kernels < fused * t + 100
-    from helpers.stepwork import _time_steps
+    from helpers.counting import _time_steps
     padded, packed = ((50, 8, 12), None), ((123, 12), None)
     fwd = lambda shape, batch_sizes, first=False: (torch.empty(shape), *[None] * 8, 2, first, 0.0, True, True,  # noqa
                                                    batch_sizes)
@@ -216,7 +216,7 @@ def test_count_step_leaves_the_model_untrained_and_returns_plain_data():
     data = json.loads(json.dumps(work.state_dict()))
     assert data["items"] == 8 and data["h2d_bytes"] == 0 and data["input_bytes"] == 8 * 4 * 4 + 8 * 8
     assert data["ops"] > data["kernels"] > 0 and data["bytes"] > 0
-    assert stepwork.StepWork(**data) == work
+    assert counting.StepWork(**data) == work
 
 
 @pytest.mark.parametrize("make", [lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.1),
