@@ -24,7 +24,8 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp")
 
 @dataclass
 class ImageSet:
-    """Images as one ``uint8`` tensor ``(N, C, H, W)``, ``int64`` labels, class names and where they came from."""
+    """Images as one ``uint8`` tensor ``(N, C, H, W)``, ``int64`` labels, class names and where they came from.
+    (notebooks 05, 10)"""
 
     images: torch.Tensor
     labels: torch.Tensor
@@ -147,7 +148,8 @@ def _socket_timeout(seconds: float):
 
 
 def synthetic_images(n: int, n_classes: int = 10, seed: int = 0, size: int = 32, noise_seed: int | None = None) -> ImageSet:
-    """A small learnable stand-in for CIFAR-10 (class colour patterns from ``seed`` plus noise): NOT real data."""
+    """A small learnable stand-in for CIFAR-10 (class colour patterns from ``seed`` plus noise): NOT real data.
+    (notebooks 05, 10)"""
     patterns = torch.rand(n_classes, 3, size, size, generator=torch.Generator().manual_seed(seed))
     g = torch.Generator().manual_seed(seed + 1 if noise_seed is None else 1000 + noise_seed)
     labels = torch.arange(n) % n_classes
@@ -158,6 +160,7 @@ def synthetic_images(n: int, n_classes: int = 10, seed: int = 0, size: int = 32,
 
 def cifar10_transform(train: bool):
     """``transforms.v2`` pipeline on ``uint8`` tensors: random 4-pixel-padded crop + flip when training, normalise.
+    (notebooks 04, 06, 07)
 
     Without training, only ``normalize``: torchvision is not imported (2 s of every DDP worker's start on a CPU).
     """
@@ -170,7 +173,7 @@ def cifar10_transform(train: bool):
 
 
 class ImageTensorDataset(Dataset):
-    """Items ``(transform(image), label)`` from an ``ImageSet``'s in-memory ``uint8`` images."""
+    """Items ``(transform(image), label)`` from an ``ImageSet``'s in-memory ``uint8`` images (notebooks 04, 06, 07)."""
 
     def __init__(self, data: ImageSet, transform=None):
         self.data, self.transform = data, transform
@@ -185,7 +188,8 @@ class ImageTensorDataset(Dataset):
 
 def cifar10_or_standin(quick: bool, cifar10_dir=None, per_class: tuple = (None, None)) -> tuple:
     """``(train, test, note)``: CIFAR-10 as ``load_cifar10`` finds it; in quick mode only, a synthetic stand-in
-    when it is missing, with ``note`` saying so (``None`` for the real data). Full mode raises the clear error."""
+    when it is missing, with ``note`` saying so (``None`` for the real data). Full mode raises the clear error.
+    (notebooks 04-07, 09)"""
     try:
         return (load_cifar10("train", cifar10_dir, per_class=per_class[0]),
                 load_cifar10("test", cifar10_dir, per_class=per_class[1]), None)
@@ -200,6 +204,7 @@ def cifar10_or_standin(quick: bool, cifar10_dir=None, per_class: tuple = (None, 
 
 def crop_flip(images: torch.Tensor, *, padding: int = 4, generator: torch.Generator | None = None) -> torch.Tensor:
     """Random ±``padding``-pixel translation (zero fill) and horizontal flip of a ``uint8`` batch, on its device.
+    (notebook 04)
 
     MATLAB's ``RandXTranslation=[-4 4]`` with ``RandXReflection``, for the whole batch in two ``gather`` calls:
     one picks each image's rows, one its columns (reversed when flipped). Two kernels on a GPU, whatever the batch
@@ -219,7 +224,7 @@ def crop_flip(images: torch.Tensor, *, padding: int = 4, generator: torch.Genera
 
 
 def normalize(images: torch.Tensor) -> torch.Tensor:
-    """``uint8`` images to float32 with CIFAR-10's mean and standard deviation per channel."""
+    """``uint8`` images to float32 with CIFAR-10's mean and standard deviation per channel (notebook 04)."""
     c = images.shape[1]
     std = torch.tensor(CIFAR10_STD, device=images.device).view(1, c, 1, 1)
     mean = torch.tensor(CIFAR10_MEAN, device=images.device).view(1, c, 1, 1)
@@ -227,7 +232,7 @@ def normalize(images: torch.Tensor) -> torch.Tensor:
 
 
 def normalize_image(image: torch.Tensor) -> torch.Tensor:
-    """One ``uint8`` image (channels, height, width) normalised as ``normalize`` does a batch."""
+    """One ``uint8`` image (channels, height, width) normalised as ``normalize`` does a batch (notebooks 05-07)."""
     return normalize(image[None])[0]
 
 
@@ -290,7 +295,8 @@ class DeviceLoader:
 
 
 def input_images_per_s(loader, batches: int = 20) -> float:
-    """Images per second the input pipeline alone delivers (``loader`` iterated, no model), synchronised."""
+    """Images per second the input pipeline alone delivers (``loader`` iterated, no model), synchronised.
+    (notebooks 05-07)"""
     from .devices import synchronize
 
     it, seen = iter(loader), 0

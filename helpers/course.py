@@ -36,7 +36,8 @@ def _display_markdown(text: str) -> None:
 
 @dataclass
 class Lesson:
-    """One notebook's run: its name, mode, device, hardware, and the committed reference results."""
+    """One notebook's run: its name, mode, device, hardware, and the committed reference results.
+    (notebook 00: every lesson's setup returns one)"""
 
     notebook: str
     quick: bool
@@ -207,6 +208,7 @@ def setup(notebook: str, quick: bool, device: str, *, needs: str | None = "gpu",
 def check(answer, expected=None, *, test=None, rel_tol: float | None = None, hint: str = "",
           unset=None) -> bool:
     """An exercise's self-check: "not attempted" while ``answer`` is ``unset``, else assert it (with ``hint``).
+    (notebook 00: every exercise)
 
     Compare with ``expected`` (within ``rel_tol`` if given), or pass ``test``, a function of the answer that
     returns True when it is right. Returns True when the answer was checked and right.
@@ -229,7 +231,8 @@ SOLUTION_MARK = "# %% exercise "
 
 
 def solution_sections(notebook: str) -> dict:
-    """``{exercise number: code}`` from ``solutions/<notebook>.py``, whose sections start with ``# %% exercise N``."""
+    """``{exercise number: code}`` from ``solutions/<notebook>.py``, whose sections start with ``# %% exercise N``.
+    (notebook 00)"""
     path = results.course_file("solutions", f"{notebook}.py")
     sections, current = {}, None
     for line in path.read_text(encoding="utf-8").splitlines(keepends=True):

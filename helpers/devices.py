@@ -17,7 +17,8 @@ DEVICE_CHOICES = ("auto", "cpu", "cuda", "cuda:N", "mps")
 
 
 def usable_cpus() -> int:
-    """CPU cores this process may run on (its affinity mask: a batch job's share, not the whole node's count)."""
+    """CPU cores this process may run on (its affinity mask: a batch job's share, not the whole node's count).
+    (notebook 04)"""
     try:
         return len(os.sched_getaffinity(0)) or 1
     except (AttributeError, OSError):  # macOS and Windows have no affinity mask
@@ -37,7 +38,7 @@ def loader_workers(cap: int = 8) -> int:
 
 
 def cpu_flags() -> set:
-    """The CPU's feature flags (Linux ``/proc/cpuinfo``; empty elsewhere)."""
+    """The CPU's feature flags (Linux ``/proc/cpuinfo``; empty elsewhere) (notebook 06)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
             for line in fh:
@@ -318,7 +319,7 @@ def _slug(text: str) -> str:
 
 
 def hardware_name(gpus: list[dict] | None = None) -> str:
-    """A short folder-safe name for this machine, e.g. ``1x-nvidia-h200`` or ``cpu-amd-epyc-9654-2t``."""
+    """A short folder-safe name for this machine, e.g. ``1x-nvidia-h200`` or ``cpu-amd-epyc-9654-2t`` (notebook 00)."""
     if gpus is None:
         gpus = [{"name": torch.cuda.get_device_name(i)} for i in range(torch.cuda.device_count())] \
             if torch.cuda.is_available() else []

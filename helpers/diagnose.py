@@ -72,7 +72,7 @@ BUDGET = "not measured (budget)"
 
 @dataclass
 class Diagnosis:
-    """What ``diagnose`` measured, as plain data (``to_dict`` for JSON) and as a report (``markdown``)."""
+    """What ``diagnose`` measured, as plain data (``to_dict`` for JSON) and as a report (``markdown``) (notebook 10)."""
 
     device: str
     batch_size: int
@@ -410,7 +410,7 @@ def _like(loader, **changes):
 
 def loader_setting(loader) -> str:
     """How ``loader`` batches, in one phrase for an error line (``DataLoader(batch_size=None, sampler=BatchSampler,
-    num_workers=0)``, ``a list of batches``)."""
+    num_workers=0)``, ``a list of batches``) (notebook 10)."""
     from torch.utils.data import DataLoader, IterableDataset
 
     if not isinstance(loader, DataLoader):
@@ -428,7 +428,7 @@ def loader_setting(loader) -> str:
 
 class Remade:
     """A loader that a script makes anew for each pass (``make_loader()`` returning a generator or an iterator):
-    every ``iter()`` calls the factory again, so each of diagnose's passes gets a fresh one."""
+    every ``iter()`` calls the factory again, so each of diagnose's passes gets a fresh one (notebook 10)."""
 
     def __init__(self, make):
         self.make = make

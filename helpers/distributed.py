@@ -94,7 +94,7 @@ def _load_sets(args):
 
 @dataclass
 class Rank:
-    """Who this process is in the job, and where it computes."""
+    """Who this process is in the job, and where it computes (notebook 05)."""
 
     rank: int
     local_rank: int
@@ -219,7 +219,8 @@ def _model(args, me: Rank, train):
 
 
 def scaled_lr(args, me: Rank) -> float:
-    """The linear scaling rule: ``--base-lr`` for a global batch of 256, scaled with the real global batch."""
+    """The linear scaling rule: ``--base-lr`` for a global batch of 256, scaled with the real global batch.
+    (notebook 05)"""
     return args.base_lr * args.batch_size * me.world / REFERENCE_BATCH
 
 
@@ -338,7 +339,7 @@ def _model_flops(history, world: int) -> dict:
 
 
 def setup(args, me: Rank) -> SimpleNamespace:
-    """Data, loaders, the replica, optimizer and schedule of this rank; then its own random stream."""
+    """Data, loaders, the replica, optimizer and schedule of this rank; then its own random stream (notebook 05)."""
     from .training import seed_everything
 
     train_set, test_set = _load_sets(args)
@@ -357,7 +358,7 @@ def setup(args, me: Rank) -> SimpleNamespace:
 
 
 def train(args, me: Rank) -> None:
-    """Train the network with DDP on this rank: data slice, replica, fit, and rank 0's report."""
+    """Train the network with DDP on this rank: data slice, replica, fit, and rank 0's report (notebook 05)."""
     from .step import resolve_amp
     from .training import fit
 

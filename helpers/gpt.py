@@ -62,14 +62,16 @@ def split(tokens: torch.Tensor, val_fraction: float = 0.1) -> tuple[torch.Tensor
 
 
 def unigram_entropy(tokens: torch.Tensor) -> float:
-    """Entropy (nats per token) of the tokens' frequencies: the loss of the best model that ignores context."""
+    """Entropy (nats per token) of the tokens' frequencies: the loss of the best model that ignores context.
+    (notebook 11)"""
     p = torch.bincount(tokens).double()
     p = p[p > 0] / p.sum()
     return float(-(p * p.log()).sum())
 
 
 def windows(tokens: torch.Tensor, batch_size: int, seq_len: int, generator=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """A batch of random windows from ``tokens``: inputs ``(B, T)`` and the next tokens ``(B, T)`` as targets."""
+    """A batch of random windows from ``tokens``: inputs ``(B, T)`` and the next tokens ``(B, T)`` as targets.
+    (notebook 11)"""
     start = torch.randint(len(tokens) - seq_len - 1, (batch_size,), generator=generator)
     x = torch.stack([tokens[s:s + seq_len] for s in start.tolist()])
     y = torch.stack([tokens[s + 1:s + seq_len + 1] for s in start.tolist()])
@@ -111,7 +113,7 @@ class GPTConfig:
 
 
 def manual_attention(q, k, v) -> torch.Tensor:
-    """Causal attention written out: softmax(q kᵀ / √d + mask) v, the (T × T) scores materialised."""
+    """Causal attention written out: softmax(q kᵀ / √d + mask) v, the (T × T) scores materialised (notebook 11)."""
     t = q.shape[-2]
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
@@ -119,7 +121,7 @@ def manual_attention(q, k, v) -> torch.Tensor:
 
 
 def sdpa_attention(q, k, v) -> torch.Tensor:
-    """Causal attention through PyTorch's fused ``scaled_dot_product_attention`` (it picks a backend)."""
+    """Causal attention through PyTorch's fused ``scaled_dot_product_attention`` (it picks a backend) (notebook 11)."""
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
@@ -139,7 +141,7 @@ class CausalSelfAttention(nn.Module):
 
 
 class Block(nn.Module):
-    """A pre-norm transformer block: x + attention(LN(x)), then x + MLP(LN(x))."""
+    """A pre-norm transformer block: x + attention(LN(x)), then x + MLP(LN(x)) (notebook 11)."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -185,7 +187,7 @@ def _init(m: nn.Module) -> None:
 class ForCrossEntropy(nn.Module):
     """``model``'s logits as ``(B, vocab, T)``, the layout ``nn.CrossEntropyLoss`` takes for targets ``(B, T)``, so
     the course's step tools (``timing.time_train_step``, ``counting.count_step``, ``regimes.compare_compiled``)
-    train the GPT unchanged. ``transpose`` is a view: no copy."""
+    train the GPT unchanged. ``transpose`` is a view: no copy (notebook 11)."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
@@ -196,7 +198,7 @@ class ForCrossEntropy(nn.Module):
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy (nats per token) of logits ``(B, T, V)`` against the next tokens ``(B, T)``."""
+    """Mean cross-entropy (nats per token) of logits ``(B, T, V)`` against the next tokens ``(B, T)`` (notebook 11)."""
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
@@ -204,7 +206,7 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 def parameters(model: GPT) -> dict:
     """Parameter counts: ``total`` (the tied matrix once), ``embedding`` (token + position tables) and
-    ``non_embedding`` (the blocks and the final LayerNorm)."""
+    ``non_embedding`` (the blocks and the final LayerNorm) (notebook 11)."""
     total = sum(p.numel() for p in model.parameters())  # .parameters() yields a tied tensor once
     embedding = model.tok.weight.numel() + model.pos.weight.numel()
     return {"total": total, "embedding": embedding, "non_embedding": total - embedding}
@@ -249,7 +251,7 @@ def memory_prediction(cfg: GPTConfig, batch_size: int, n_params: int, bytes_per_
 @torch.no_grad()
 def evaluate(model: GPT, tokens: torch.Tensor, *, batch_size: int = 32, batches: int = 10, device="cpu",
              amp_dtype=None, seed: int = 0) -> float:
-    """Mean loss (nats per token) on ``batches`` random windows of ``tokens`` (fixed by ``seed``)."""
+    """Mean loss (nats per token) on ``batches`` random windows of ``tokens`` (fixed by ``seed``) (notebook 11)."""
     was, g = model.training, torch.Generator().manual_seed(seed)
     model.eval()
     total = 0.0
@@ -301,7 +303,8 @@ def train(model: GPT, train_tokens, val_tokens, *, steps: int, batch_size: int, 
 @torch.no_grad()
 def generate(model: GPT, prompt: torch.Tensor, new_tokens: int, *, temperature: float = 0.8, top_k: int = 20,
              seed: int = 0) -> torch.Tensor:
-    """Continue ``prompt`` (1-D token ids) by ``new_tokens`` sampled ones (top-k sampling, fixed ``seed``)."""
+    """Continue ``prompt`` (1-D token ids) by ``new_tokens`` sampled ones (top-k sampling, fixed ``seed``).
+    (notebook 11)"""
     g, was = torch.Generator().manual_seed(seed), model.training
     model.eval()
     device = next(model.parameters()).device

@@ -13,7 +13,7 @@ import torch
 
 
 class UnseenLabelError(ValueError):
-    """A label the encoder was not fitted on."""
+    """A label the encoder was not fitted on (notebook 01)."""
 
 
 def _natural_key(value) -> tuple:
@@ -33,7 +33,7 @@ def _as_list(labels) -> list:
 
 
 class LabelEncoder:
-    """Map class names to indices ``0..K-1`` and back, in a fixed class order (MATLAB ``categories``)."""
+    """Map class names to indices ``0..K-1`` and back, in a fixed class order (MATLAB ``categories``) (notebook 01)."""
 
     def __init__(self, classes: Sequence):
         classes = list(classes)

@@ -28,7 +28,7 @@ ENTRY_POINT = "helpers.distributed"  # the module every rank runs (python -m ...
 
 @dataclass
 class RunResult:
-    """What a launch returned: exit code, all output lines, seconds of wall time."""
+    """What a launch returned: exit code, all output lines, seconds of wall time (notebook 05)."""
 
     returncode: int
     output: list
@@ -36,7 +36,7 @@ class RunResult:
 
 
 def free_port() -> int:
-    """An unused TCP port on 127.0.0.1 for the rendezvous."""
+    """An unused TCP port on 127.0.0.1 for the rendezvous (notebook 05)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -157,7 +157,7 @@ def _process_table() -> dict:
 
 
 def process_tree(pid: int) -> list:
-    """``pid``, every process it started (children of children too), and every process of its session."""
+    """``pid``, every process it started (children of children too), and every process of its session (notebook 05)."""
     table = _process_table()
     session = table.get(pid, (None, None))[1]
     found, todo = [], [pid]
@@ -223,7 +223,7 @@ def _env(nproc_total: int, visible_gpus: list | None = None) -> dict:
 
 
 def gpu_slices(nnodes: int, nproc_per_node: int) -> list:
-    """Give each simulated node its own GPUs: ``nproc_per_node`` of the visible ones each, never shared.
+    """Give each simulated node its own GPUs: ``nproc_per_node`` of the visible ones each, never shared (notebook 05).
 
     Two "nodes" on one GPU would put two NCCL ranks on one device, which NCCL refuses. Respects an existing
     ``CUDA_VISIBLE_DEVICES``; raises ``ValueError`` when there are not enough GPUs for all the processes.

@@ -135,7 +135,7 @@ def _sorted_points(points: dict) -> tuple[list, list]:
 
 
 def training_progress(history, title: str = "Training progress", ax=None):
-    """Loss and accuracy against iteration, with validation points (MATLAB ``Plots="training-progress"``).
+    """Loss and accuracy against iteration, with validation points (MATLAB ``Plots="training-progress"``) (notebook 01).
 
     ``ax``: a pair ``(accuracy_axes, loss_axes)``, or None for a new two-row figure.
     """

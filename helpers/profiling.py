@@ -100,7 +100,8 @@ def forever(loader):
 
 @dataclass
 class ProfileRun:
-    """What ``profile_training`` measured: the trace file, the profiler (for its table), per-step clock times."""
+    """What ``profile_training`` measured: the trace file, the profiler (for its table), per-step clock times.
+    (notebook 09)"""
 
     trace: Path | None
     profiler: object | None
@@ -178,7 +179,8 @@ def _busy_in(intervals: list, windows: list) -> float:
 
 @dataclass
 class StepPhases:
-    """Mean time per step of each phase, read from a trace; ``busy_ms``: device work inside the compute phases."""
+    """Mean time per step of each phase, read from a trace; ``busy_ms``: device work inside the compute phases.
+    (notebook 09)"""
 
     phase_ms: dict            # phase -> ms per step (mean over the recorded steps), with "other" = the rest
     step_ms: float            # mean step time (ms), the sum of phase_ms

@@ -144,7 +144,7 @@ def compare_compiled(make_model, batch, device="auto", *, amp=False, mode: str |
 
 
 def elementwise_chain(x: torch.Tensor) -> torch.Tensor:
-    """Eight elementwise operations in a row (a GELU-like activation written out): the fusion example."""
+    """Eight elementwise operations in a row (a GELU-like activation written out): the fusion example (notebook 08)."""
     y = x * 0.5
     y = y + 0.25
     y = torch.tanh(y)
@@ -184,7 +184,8 @@ def fusion(n: int, device="auto", min_run_time: float = 0.3) -> dict:
 
 
 def graph_breaks(fn, *args) -> dict:
-    """Graphs and graph breaks ``torch.compile`` finds in ``fn(*args)``, with the reasons (``torch._dynamo.explain``)."""
+    """Graphs and graph breaks ``torch.compile`` finds in ``fn(*args)``, with the reasons (``torch._dynamo.explain``).
+    (notebook 08)"""
     torch._dynamo.reset()
     found = torch._dynamo.explain(fn)(*args)
     reasons = [str(getattr(r, "reason", r)).splitlines()[0][:160] for r in found.break_reasons]

@@ -27,17 +27,19 @@ REQUIRED_KEYS = ("schema", "notebook", "quick", "device", "timestamp", "hardware
 
 def project_root() -> Path:
     """The course's root folder, found from this file (never from the working directory); once the course is
-    installed as a package, the folder that holds ``helpers`` (site-packages: never written to)."""
+    installed as a package, the folder that holds ``helpers`` (site-packages: never written to) (notebook 00)."""
     return Path(__file__).resolve().parent.parent
 
 
 def in_checkout() -> bool:
-    """Whether ``helpers`` is imported from a copy of the course's repository (its ``pyproject.toml`` beside it)."""
+    """Whether ``helpers`` is imported from a copy of the course's repository (its ``pyproject.toml`` beside it).
+    (notebook 00)"""
     return (project_root() / "pyproject.toml").is_file()
 
 
 def course_file(*parts: str) -> Path:
     """A file the lessons read, named as in the repository (``course_file("data", "gpu_datasheet.json")``).
+    (notebook 00)
 
     In a checkout, the repository's file; once installed, the copy the package ships (``pyproject.toml`` puts
     ``data/`` and ``solutions/`` inside ``helpers``), found with ``importlib.resources``.
@@ -80,13 +82,14 @@ def cache_dir() -> Path:
 
 
 def results_dir() -> Path:
-    """Where results go: ``$COURSE_RESULTS_DIR`` if set, else ``<build>/results``."""
+    """Where results go: ``$COURSE_RESULTS_DIR`` if set, else ``<build>/results`` (notebook 00)."""
     env = os.environ.get("COURSE_RESULTS_DIR")
     return Path(env) if env else build_dir() / "results"
 
 
 def reference_dir() -> Path:
-    """The committed reference results: ``data/reference`` of the checkout, or of the installed package."""
+    """The committed reference results: ``data/reference`` of the checkout, or of the installed package.
+    (notebook 00)"""
     return course_file("data", "reference")
 
 
@@ -118,7 +121,7 @@ def _alive(pid: int) -> bool:
 
 
 def to_jsonable(value):
-    """Turn tensors, numpy numbers, tuples and non-string keys into plain JSON data (NaN becomes null)."""
+    """Turn tensors, numpy numbers, tuples and non-string keys into plain JSON data (NaN becomes null) (notebook 00)."""
     if isinstance(value, torch.Tensor):
         return to_jsonable(value.detach().cpu().tolist())
     if isinstance(value, dict):
@@ -138,6 +141,7 @@ def to_jsonable(value):
 
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], object], *, keep_previous: Path | None = None) -> Path:
     """Write a file so that readers never see half of it: temp file beside it, ``write(fh)``, fsync, rename.
+    (notebook 00)
 
     With ``keep_previous``, an existing file is first renamed there (checkpoints keep ``*.prev.pt``). On any
     error the temp file is removed and the old file is left as it was.
@@ -159,7 +163,7 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], object], *, keep_
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
-    """``atomic_write`` for text (UTF-8): results files, reports."""
+    """``atomic_write`` for text (UTF-8): results files, reports (notebook 00)."""
     return atomic_write(path, lambda fh: fh.write(text.encode("utf-8")))
 
 
@@ -207,7 +211,7 @@ def pack_results(folder: str | Path | None = None) -> Path:
 
 
 def load_results(path: str | Path) -> dict:
-    """Read one results file and check it has the schema's keys."""
+    """Read one results file and check it has the schema's keys (notebook 00)."""
     path = Path(path)
     record = json.loads(path.read_text(encoding="utf-8"))
     missing = [k for k in REQUIRED_KEYS if k not in record]
@@ -217,7 +221,7 @@ def load_results(path: str | Path) -> dict:
 
 
 def load_reference(notebook: str, root: str | Path | None = None) -> dict[str, dict]:
-    """Committed reference results for ``notebook``, keyed by hardware name (empty if none yet)."""
+    """Committed reference results for ``notebook``, keyed by hardware name (empty if none yet) (notebook 00)."""
     base = Path(root) if root else reference_dir()
     found = {}
     for path in sorted(base.glob(f"*/{notebook}.json")):

@@ -45,6 +45,7 @@ def make_scheduler(name: str, optimizer, *, epochs: int, steps_per_epoch: int, d
 
 def lr_curve(name: str, *, lr: float, epochs: int, steps_per_epoch: int, step_on: str | None = None, **kwargs) -> list:
     """The learning rate used at every optimizer step (``epochs × steps_per_epoch`` values) for a schedule.
+    (notebook 07)
 
     ``step_on`` overrides where the scheduler is stepped — "batch" for a per-epoch schedule reproduces the
     classic bug of stepping it every batch.
@@ -66,7 +67,7 @@ def lr_curve(name: str, *, lr: float, epochs: int, steps_per_epoch: int, step_on
 
 
 def cosine_closed_form(epoch: int, *, base_lr: float, eta_min: float, epochs: int) -> float:
-    """The textbook formula: eta_min + (base_lr - eta_min) · (1 + cos(pi · epoch / epochs)) / 2."""
+    """The textbook formula: eta_min + (base_lr - eta_min) · (1 + cos(pi · epoch / epochs)) / 2 (notebook 07)."""
     return eta_min + (base_lr - eta_min) * (1 + math.cos(math.pi * epoch / epochs)) / 2
 
 

@@ -50,7 +50,8 @@ def make_mlp(width: int, layers: int, n_classes: int = 10) -> nn.Sequential:
 
 
 def gpt_config(args):
-    """The ``helpers.gpt.GPTConfig`` that ``--model gpt`` trains: ``--width`` is d_model, ``--layers`` the blocks."""
+    """The ``helpers.gpt.GPTConfig`` that ``--model gpt`` trains: ``--width`` is d_model, ``--layers`` the blocks.
+    (notebook 11)"""
     from .gpt import GPTConfig
 
     return GPTConfig(vocab=args.vocab, seq_len=args.seq_len, d_model=args.width, n_layers=args.layers,

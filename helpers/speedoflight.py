@@ -62,7 +62,8 @@ def last_level_cache_bytes(device: torch.device) -> int:
 
 def copy_elements(device: torch.device) -> int:
     """fp32 values per array of the bandwidth copy: each array twice the largest cache and at least 256 MiB, so
-    source and destination together are at least four times the cache (at most an eighth of free memory)."""
+    source and destination together are at least four times the cache (at most an eighth of free memory).
+    (notebook 08)"""
     nbytes = max(256 * MIB, 2 * last_level_cache_bytes(device))
     if device.type == "cuda":
         nbytes = min(nbytes, torch.cuda.mem_get_info(device)[0] // 8)
@@ -146,7 +147,7 @@ def measured_ceilings(device="auto", *, refresh: bool = False, min_run_time: flo
 
 
 def datasheet_path() -> Path:
-    """``data/gpu_datasheet.json`` in the course's folder."""
+    """``data/gpu_datasheet.json`` in the course's folder (notebook 08)."""
     return course_file("data", "gpu_datasheet.json")
 
 
@@ -263,7 +264,7 @@ def predict_step(work, ceilings: dict) -> dict:
 
 def chosen_gpus() -> tuple:
     """The datasheet GPUs the lessons predict for: ``$COURSE_GPUS`` (a comma list of datasheet names, or ``all``),
-    else ``DEFAULT_GPUS``; a name the datasheet lacks is a one-line error that lists the names it has."""
+    else ``DEFAULT_GPUS``; a name the datasheet lacks is a one-line error that lists the names it has (notebook 08)."""
     wanted = os.environ.get("COURSE_GPUS", "").strip()
     if not wanted:
         return DEFAULT_GPUS
@@ -345,7 +346,7 @@ def datasheet_name(device) -> str | None:
 
 
 def main_dtype(work) -> str:
-    """The dtype that does most of ``work``'s FLOPs (``float32`` when none are counted)."""
+    """The dtype that does most of ``work``'s FLOPs (``float32`` when none are counted) (notebook 08)."""
     work = work.state_dict() if hasattr(work, "state_dict") else work
     flops: dict[str, int] = {}
     for row in work["rows"]:

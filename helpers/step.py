@@ -43,7 +43,8 @@ def _to(x, device: torch.device):
 
 
 def split_batch(batch, device: torch.device, host_inputs=()) -> tuple[list, torch.Tensor]:
-    """Move a ``(*inputs, target)`` batch to ``device``, keeping the inputs numbered in ``host_inputs`` on the CPU."""
+    """Move a ``(*inputs, target)`` batch to ``device``, keeping the inputs numbered in ``host_inputs`` on the CPU.
+    (notebook 01)"""
     *inputs, target = batch
     inputs = [x if i in host_inputs else _to(x, device) for i, x in enumerate(inputs)]
     return inputs, _to(target, device)
@@ -71,7 +72,7 @@ def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, inputs: l
 
 
 def make_scaler(device: torch.device, dtype) -> torch.amp.GradScaler:
-    """A ``GradScaler`` that is active only for fp16 autocast (bf16 and fp32 need no loss scaling)."""
+    """A ``GradScaler`` that is active only for fp16 autocast (bf16 and fp32 need no loss scaling) (notebook 06)."""
     return torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
 
 

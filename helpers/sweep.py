@@ -12,6 +12,7 @@ from typing import Callable
 
 def train_vowels(config: dict) -> dict:
     """One trial: train the lesson-01 sequence classifier on Japanese Vowels with ``config``; return its accuracy.
+    (notebook 04)
 
     ``config`` keys: ``hidden`` (units), ``lr``, ``epochs``, ``bidirectional`` (default True), ``seed`` (default 0).
     Uses one CPU thread, so trials in parallel processes do not fight over cores.
@@ -43,6 +44,7 @@ def train_vowels(config: dict) -> dict:
 
 def run_sweep(trial: Callable[[dict], dict], configs: list, processes: int = 1) -> tuple[list, float]:
     """Run ``trial(config)`` for every config, one after another (``processes=1``) or in a pool of processes.
+    (notebook 04)
 
     Returns the results in the order of ``configs`` and the wall-clock seconds. The pool uses the ``spawn``
     start method (safe with PyTorch's threads on every OS); each new process pays for importing torch.

@@ -15,7 +15,8 @@ GLUE = re.compile(rf"(?<=\d) (?={UNIT})|(?<=[:A-Za-z×≈~<>=]) (?=[-−]?\d)|(?
 def wrap(line: str, width: int, *, indent: str = "", hang: str = "") -> str:
     """``line`` broken at spaces into lines of at most ``width`` characters, the first led by ``indent``, the
     others by ``hang``: never after a hyphen ("overhead-bound", "cpu-intel-xeon"), never inside a ``GLUE`` piece,
-    unless such a piece is itself wider than a line (then at any space). A word wider than a line stays whole."""
+    unless such a piece is itself wider than a line (then at any space). A word wider than a line stays whole.
+    (notebook 09 and every figure's labels)"""
     for text in (GLUE.sub("\0", line), line):
         out = textwrap.fill(text, width, initial_indent=indent, subsequent_indent=hang, break_on_hyphens=False,
                             break_long_words=False, expand_tabs=False)

@@ -32,7 +32,7 @@ def _benchmark():
 
 @dataclass
 class Timing:
-    """One timing result: seconds per call, as the median and spread of repeated measurements."""
+    """One timing result: seconds per call, as the median and spread of repeated measurements (notebook 00)."""
 
     label: str
     device: str
@@ -60,7 +60,7 @@ class Timing:
 
 
 def format_seconds(s: float) -> str:
-    """Format a duration with a readable unit: ``0.00123`` -> ``"1.23 ms"``."""
+    """Format a duration with a readable unit: ``0.00123`` -> ``"1.23 ms"`` (notebook 00)."""
     for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
         if abs(s) >= scale:
             return f"{s / scale:.3g} {unit}"

@@ -28,11 +28,11 @@ CHECKPOINT_FORMAT = "helpers.training/1"
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be used: truncated, corrupt, unsafe, or from another program."""
+    """A checkpoint that cannot be used: truncated, corrupt, unsafe, or from another program (notebook 04)."""
 
 
 def seed_everything(seed: int) -> None:
-    """Seed Python's, NumPy's and torch's random generators (all devices) in one call."""
+    """Seed Python's, NumPy's and torch's random generators (all devices) in one call (notebook 01)."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -40,7 +40,7 @@ def seed_everything(seed: int) -> None:
 
 @dataclass
 class History:
-    """What ``fit`` measured, as plain lists of dicts (JSON- and checkpoint-friendly)."""
+    """What ``fit`` measured, as plain lists of dicts (JSON- and checkpoint-friendly) (notebook 01)."""
 
     iterations: list = field(default_factory=list)   # {"iteration", "epoch", "loss", "lr"}
     validation: list = field(default_factory=list)   # {"iteration", "epoch", "loss", "accuracy"}
@@ -141,7 +141,8 @@ def rng_state() -> dict:
 
 def set_rng_state(state: dict) -> None:
     """Restore the generators saved by ``rng_state``. The states must be CPU tensors (``set_rng_state`` refuses
-    others), and CUDA states are restored only for the GPUs this machine has (a run may resume elsewhere)."""
+    others), and CUDA states are restored only for the GPUs this machine has (a run may resume elsewhere).
+    (notebook 04)"""
     torch.set_rng_state(state["torch"])
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
@@ -153,7 +154,7 @@ def set_rng_state(state: dict) -> None:
 
 
 def previous_path(path: str | Path) -> Path:
-    """Where the checkpoint before the latest one is kept: ``run.pt`` -> ``run.prev.pt``."""
+    """Where the checkpoint before the latest one is kept: ``run.pt`` -> ``run.prev.pt`` (notebook 04)."""
     path = Path(path)
     return path.with_name(f"{path.stem}.prev{path.suffix}")
 
@@ -164,7 +165,8 @@ def save_checkpoint(path: str | Path, state: dict) -> Path:
 
 
 def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
-    """Load a checkpoint with ``weights_only=True``; raise ``CheckpointError`` with the fix if unusable."""
+    """Load a checkpoint with ``weights_only=True``; raise ``CheckpointError`` with the fix if unusable.
+    (notebook 04)"""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"no checkpoint at {shown_path(path)}")
@@ -192,7 +194,7 @@ def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
 # ---------------------------------------------------------------- the loop: fit = epochs of steps + bookkeeping
 
 class EpochMeter:
-    """Loss, accuracy, learning rates and training seconds of one epoch, cheap on the hot path.
+    """Loss, accuracy, learning rates and training seconds of one epoch, cheap on the hot path (notebook 01).
 
     ``add`` keeps references to the step's tensors; ``flush`` turns them into numbers with one device->host
     copy (at validation, checkpoints and the epoch's end), so no step waits for the GPU just to log.

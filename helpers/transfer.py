@@ -21,14 +21,14 @@ _PCIE = {1: (2.5, 8 / 10), 2: (5.0, 8 / 10), 3: (8.0, 128 / 130), 4: (16.0, 128 
 
 
 def gbps(nbytes: int, seconds: float) -> float:
-    """Bandwidth in GB/s (10^9 bytes per second), the unit PCIe and NVLink are quoted in."""
+    """Bandwidth in GB/s (10^9 bytes per second), the unit PCIe and NVLink are quoted in (notebook 03)."""
     if seconds <= 0:
         raise ValueError("seconds must be positive")
     return nbytes / seconds / 1e9
 
 
 def transfer_sizes(smallest: int = 4 * KIB, largest: int = GIB, factor: int = 4) -> list[int]:
-    """Sizes in bytes from ``smallest`` to ``largest``, each ``factor`` times the previous."""
+    """Sizes in bytes from ``smallest`` to ``largest``, each ``factor`` times the previous (notebook 03)."""
     sizes, n = [], smallest
     while n <= largest:
         sizes.append(n)
@@ -37,7 +37,7 @@ def transfer_sizes(smallest: int = 4 * KIB, largest: int = GIB, factor: int = 4)
 
 
 def format_bytes(n: int) -> str:
-    """``4096`` -> ``"4 KiB"``, ``2**30`` -> ``"1 GiB"``."""
+    """``4096`` -> ``"4 KiB"``, ``2**30`` -> ``"1 GiB"`` (notebook 03)."""
     for unit, scale in (("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
         if n >= scale:
             return f"{n / scale:g} {unit}"
@@ -45,7 +45,7 @@ def format_bytes(n: int) -> str:
 
 
 def host_buffer(nbytes: int, pinned: bool = False) -> torch.Tensor:
-    """A ``uint8`` host tensor of ``nbytes``; page-locked (pinned) if asked, which needs CUDA."""
+    """A ``uint8`` host tensor of ``nbytes``; page-locked (pinned) if asked, which needs CUDA (notebook 03)."""
     t = torch.empty(nbytes, dtype=torch.uint8)
     if pinned:
         if not torch.cuda.is_available():
@@ -82,13 +82,14 @@ def copy_bandwidth(nbytes: int, src="cpu", dst="cuda", *, pinned: bool = False, 
 
 def beyond_caches(bandwidth: dict, smallest: int = 256 * MIB) -> float | None:
     """Median GB/s over the sizes of ``{bytes: GB/s}`` of at least ``smallest``: main memory, not a CPU cache (notebook
-    03). None when no size is that large (quick mode stays inside the caches)."""
+    03). None when no size is that large (quick mode stays inside the caches) (notebook 03)."""
     big = sorted(v for s, v in bandwidth.items() if int(s) >= smallest)
     return big[len(big) // 2] if big else None
 
 
 def cuda_event_copy_gbps(nbytes: int, repeats: int = 20) -> float:
-    """Pinned host->GPU bandwidth timed with plain CUDA events, no helpers in the way (benchmark reference)."""
+    """Pinned host->GPU bandwidth timed with plain CUDA events, no helpers in the way (benchmark reference).
+    (notebook 03)"""
     if not torch.cuda.is_available():
         raise ValueError("CUDA events need a CUDA device")
     a = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
@@ -151,7 +152,7 @@ def pcie_link(device="cuda") -> dict | None:
 
 
 def pcie_theoretical(gen: int, width: int) -> dict:
-    """Theoretical one-direction bandwidth of a PCIe link, e.g. gen 4 x16 -> about 31.5 GB/s."""
+    """Theoretical one-direction bandwidth of a PCIe link, e.g. gen 4 x16 -> about 31.5 GB/s (notebook 03)."""
     if gen not in _PCIE:
         raise ValueError(f"unknown PCIe generation {gen}")
     rate, efficiency = _PCIE[gen]

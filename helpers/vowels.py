@@ -54,7 +54,7 @@ def load_japanese_vowels(split: str = "train", root: str | Path | None = None) -
 
 
 class SequenceDataset(Dataset):
-    """Variable-length sequences with int64 targets; items are ``(sequence (T, F), target)``."""
+    """Variable-length sequences with int64 targets; items are ``(sequence (T, F), target)`` (notebook 01)."""
 
     def __init__(self, sequences: Sequence[torch.Tensor], targets: torch.Tensor):
         if len(sequences) != len(targets):
@@ -84,7 +84,7 @@ def pad_collate(batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 class BucketBatchSampler(Sampler[list[int]]):
-    """Batches of similar length (MATLAB: sort the sequences by length), batch order shuffled each epoch.
+    """Batches of similar length (MATLAB: sort the sequences by length), batch order shuffled each epoch (notebook 01).
 
     Each epoch: shuffle, stable-sort by length (equal lengths stay shuffled), cut into batches, shuffle
     the batches. ``set_epoch`` makes the order reproducible, like ``DistributedSampler``.
