@@ -53,16 +53,6 @@ def test_reference_results_are_keyed_by_hardware(tmp_path):
     assert results.load_reference("99_none", root=tmp_path) == {}
 
 
-def test_report_collects_every_result(tmp_path):
-    results.save_results("00_a", {"speed": 1.23456, "curve": {"1": 2.0}}, quick=True, device="cpu", out_dir=tmp_path,
-                         hardware=HW)
-    results.save_results("01_b", {"acc": 0.95}, quick=False, device="cpu", out_dir=tmp_path, hardware=HW)
-    out = results.write_report(tmp_path, tmp_path / "report.md")
-    text = out.read_text()
-    assert "## 00_a" in text and "## 01_b" in text and "| `speed` | 1.235 |" in text
-    assert "Test CPU" in text and "quick mode: True" in text
-
-
 def test_work_dir_is_per_process_and_cleans_up_finished_runs(tmp_path, monkeypatch):
     import os
 

@@ -15,6 +15,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from helpers.results import save_results
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 try:
@@ -217,3 +219,16 @@ def test_the_rest_of_a_run_is_planned_in_the_units_its_notebooks_really_took():
     assert run_course.overrun(runs) == pytest.approx(1.25)
     assert run_course.overrun({"00_a": {"status": "ok", "seconds": 5.0, "budget_s": 20.0}}) == 1.0, "never below 1"
     assert run_course.overrun({}) == 1.0
+
+
+REPORT_HW = {"name": "test-cpu", "cpu": "Test CPU", "cpu_cores": 2, "gpus": [], "torch": "2.x"}
+
+
+def test_report_collects_every_result(tmp_path):
+    save_results("00_a", {"speed": 1.23456, "curve": {"1": 2.0}}, quick=True, device="cpu", out_dir=tmp_path,
+                         hardware=REPORT_HW)
+    save_results("01_b", {"acc": 0.95}, quick=False, device="cpu", out_dir=tmp_path, hardware=REPORT_HW)
+    out = run_course.write_report(tmp_path, tmp_path / "report.md")
+    text = out.read_text()
+    assert "## 00_a" in text and "## 01_b" in text and "| `speed` | 1.235 |" in text
+    assert "Test CPU" in text and "quick mode: True" in text

@@ -35,7 +35,7 @@ FLOORS = Path(__file__).resolve().parent.parent / "data" / "budget_floors.json"
 
 from helpers.devices import describe, pick_device
 from helpers.launcher import kill_tree
-from helpers.results import atomic_write_text, write_report
+from helpers.results import atomic_write_text, load_results, results_dir
 
 # Weights of the time left after the floors (the part a notebook spends on its scalable work): the CIFAR lessons
 # train, 05 trains two recipes (the rehearsal of 2026-12-05 left them 3 s each at 0.27). Renormalised over the
@@ -261,6 +261,61 @@ def _parse(argv):
 
 def _terminate(signum, frame):
     raise SystemExit(128 + signum)  # so a `kill` of the runner also stops the notebook's tree (run_one)
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, dict):
+        items = list(value.items())
+        text = ", ".join(f"{k}: {_fmt(v)}" for k, v in items[:8])
+        return "{" + text + (", …" if len(items) > 8 else "") + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_fmt(v) for v in value[:10]) + (", …" if len(value) > 10 else "") + "]"
+    return str(value)
+
+
+def _runs_table(runs: dict) -> list[str]:
+    """How each notebook of a run ended (``tools/run_course.py``): status, seconds, budget, limit, message."""
+    lines = ["| notebook | ended | seconds | budget_s | limit (s) | note |", "|---|---|---|---|---|---|"]
+    for name, r in runs.items():
+        cells = [r.get("seconds"), r.get("budget_s"), r.get("limit_s")]
+        nums = " | ".join("" if v is None else f"{v:.0f}" for v in cells)
+        note = " ".join(str(r.get(k, "")) for k in ("message", "cell") if r.get(k)).replace("|", "/")
+        lines.append(f"| {name} | {r['status']} | {nums} | {note[:200]} |")
+    return lines + [""]
+
+
+def write_report(results: str | Path | None = None, out: str | Path | None = None, *, runs: dict | None = None) -> Path:
+    """Collect every ``build/results/*.json`` into ``build/report.md`` (``make run``, ``make gpu-check``,
+    tools/merge_runs.py); ``runs`` adds how each notebook ended — a notebook stopped at its time limit may have saved
+    none."""
+    src = Path(results) if results else results_dir()
+    out = Path(out) if out else src.parent / "report.md"
+    lines = ["# Course run report", ""] + (_runs_table(runs) if runs else [])
+    records = [load_results(p) for p in sorted(src.glob("*.json"))]
+    if not records:
+        lines.append(f"No results found in `{src}`.")
+    for rec in records:
+        hw = rec["hardware"]
+        gpus = ", ".join(g["name"] for g in hw.get("gpus", [])) or "no GPU"
+        lines += [
+            f"## {rec['notebook']}",
+            "",
+            f"- Hardware: `{hw.get('name')}` — {hw.get('cpu')} ({hw.get('cpu_cores')} cores); {gpus}; "
+            f"torch {hw.get('torch')}",
+            f"- Device: `{rec['device']}`, quick mode: {rec['quick']}, recorded {rec['timestamp']}"
+            + (f", sized to a budget of {rec['budget_s']:.0f} s" if rec.get("budget_s") else "")
+            + (" — STOPPED at its time limit: partial results" if rec.get("stopped") else
+               " — partial: saved before the notebook's end" if rec.get("partial") else ""),
+            "",
+            "| result | value |",
+            "|---|---|",
+        ]
+        lines += [f"| `{k}` | {_fmt(v)} |" for k, v in rec["results"].items()]
+        lines.append("")
+    atomic_write_text(out, "\n".join(lines) + "\n")
+    return out
 
 
 def main(argv=None) -> int:
