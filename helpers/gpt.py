@@ -330,32 +330,6 @@ def attention_backends(device) -> list:
     return [getattr(SDPBackend, n) for n in names if hasattr(SDPBackend, n)]
 
 
-def peak_mb(fn, device) -> float:
-    """Peak MB allocated while ``fn()`` runs beyond what was allocated before: CUDA memory statistics on a GPU;
-    on an Apple GPU, which has no peak counter, how much the Metal driver's allocation grows from an emptied cache
-    (the blocks ``fn`` needed, which the cache then holds); the profiler's memory view on a CPU
-    (``helpers.profiling``; notebooks 09, 11)."""
-    from .devices import synchronize
-    from .profiling import profiler_peak_mb
-
-    device = torch.device(device)
-    if device.type == "mps":
-        torch.mps.synchronize()
-        torch.mps.empty_cache()
-        before = torch.mps.driver_allocated_memory()
-        fn()
-        torch.mps.synchronize()
-        return (torch.mps.driver_allocated_memory() - before) / 2**20
-    if device.type != "cuda":
-        return profiler_peak_mb(fn)
-    synchronize(device)
-    before = torch.cuda.memory_allocated(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    fn()
-    synchronize(device)
-    return (torch.cuda.max_memory_allocated(device) - before) / 2**20
-
-
 def attention_dtype(device) -> torch.dtype:
     """The dtype attention is timed in: a CUDA GPU's native half precision (bf16 from compute capability 8.0, fp16
     below: ``helpers.devices.half_precision``), fp32 elsewhere (notebook 11)."""
@@ -374,6 +348,7 @@ def time_attention(batch: int, heads: int, seq_len: int, head_dim: int, device="
     """
     from torch.nn.attention import sdpa_kernel
 
+    from .profiling import peak_mb
     from .timing import time_fn
 
     dtype = dtype or attention_dtype(device)
@@ -402,7 +377,7 @@ def step_cost(cfg: GPTConfig, batch_size: int, device="cpu", *, accumulate: int 
     step (weights, AdamW state and what the step allocates: ``peak_mb``), with ``batch_size`` split into
     ``accumulate`` micro-batches (notebook 11). The optimizer's state exists before the measurement (one step first).
     """
-    from .profiling import tensor_mb
+    from .profiling import peak_mb, tensor_mb
 
     torch.manual_seed(seed)
     model = GPT(cfg).to(device).train()
@@ -421,9 +396,7 @@ def step_cost(cfg: GPTConfig, batch_size: int, device="cpu", *, accumulate: int 
     from .timing import time_fn
 
     seconds = time_fn(step, device, warmup=1, min_run_time=min_run_time).median_s
-    held = tensor_mb(model, opt) if torch.device(device).type != "cuda" else 0.0  # CUDA's counter includes them
-    peak = held + peak_mb(step, device) + (torch.cuda.memory_allocated(device) / 2**20
-                                           if torch.device(device).type == "cuda" else 0.0)
+    peak = peak_mb(step, device, held=(model, opt))
     return {"ms": seconds * 1e3, "tokens_per_s": batch_size * cfg.seq_len / seconds, "peak_mb": peak,
             "held_mb": tensor_mb(model, opt), "batch": batch_size, "accumulate": accumulate}
 

@@ -3,10 +3,11 @@
 - ``profile_training`` runs real training steps from a ``DataLoader`` under ``torch.profiler``, each phase (data
   wait, host→device copy, forward, backward, optimizer) wrapped in ``record_function`` and ended by a device
   synchronisation, and exports a Chrome/Perfetto trace;
-- ``step_phases`` reads the phases back *from the trace file*, ``verdict`` names the bound (input, launch or
+- ``step_phases`` reads the phases back *from the trace file*, ``verdict`` names the bound (input, overhead or
   compute) and the fix it calls for;
-- ``step_peak_mb`` is the peak memory of one step (CUDA memory statistics on a GPU, the profiler's memory events
-  on a CPU), ``find_max_batch`` the largest batch that fits, found by a search that recovers from
+- ``peak_mb`` is the course's one measure of memory (CUDA memory statistics, the Metal driver's growth on an
+  Apple GPU, the profiler's memory events on a CPU), ``step_peak_mb`` that of one training step;
+  ``find_max_batch`` the largest batch that fits, found by a search that recovers from
   ``torch.OutOfMemoryError`` (a real one on CUDA, or one raised by a *planted* limit: ``planted_limit``);
 - ``Checkpointed`` and ``checkpointing_tradeoff``: activation checkpointing's memory-for-time trade, measured.
 """
@@ -295,8 +296,8 @@ def tensor_mb(*objects) -> float:
 def memory_source(device: str | torch.device) -> str:
     """What ``step_peak_mb`` measures on ``device``, for labels (notebook 09)."""
     kind = torch.device(device).type
-    return {"cuda": "CUDA memory statistics: torch.cuda.max_memory_allocated",
-            "mps": "MPS allocated memory after forward and after backward (no peak counter)"}.get(
+    return {"cuda": "model and optimizer tensors + peak of the step's allocations (torch.cuda.max_memory_allocated)",
+            "mps": "model and optimizer tensors + growth of the Metal driver's allocation (no peak counter)"}.get(
         kind, "profiler memory view: model and optimizer tensors + peak of the tensors allocated during the step "
               "(CPU, no CUDA counters)")
 
@@ -328,44 +329,53 @@ def profiler_peak_mb(fn: Callable[[], object]) -> float:
         return trace_peak_mb(Path(tmp) / "memory.json")
 
 
+def peak_mb(fn: Callable[[], object], device: str | torch.device, held=()) -> float:
+    """The course's one measure of memory (notebooks 09, 11): the peak MB ``fn()`` allocates beyond what existed
+    before it, plus the tensors of ``held`` (modules and optimizers: ``tensor_mb``) that existed already.
+
+    On CUDA: ``max_memory_allocated`` after ``reset_peak_memory_stats``, less what was allocated before. On an
+    Apple GPU, which has no peak counter: how much the Metal driver's allocation grows from an emptied cache (the
+    blocks ``fn`` needed, which the cache then holds). On a CPU: the profiler's peak of what ``fn`` allocates.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        synchronize(device)
+        grown = (torch.cuda.max_memory_allocated(device) - before) / 2**20
+    elif device.type == "mps":
+        torch.mps.synchronize()
+        torch.mps.empty_cache()
+        before = torch.mps.driver_allocated_memory()
+        fn()
+        torch.mps.synchronize()
+        grown = (torch.mps.driver_allocated_memory() - before) / 2**20
+    else:
+        grown = profiler_peak_mb(fn)
+    return tensor_mb(*held) + grown
+
+
 def step_peak_mb(model: nn.Module, optimizer, batch_size: int, device: str | torch.device, *,
                  make_batch: Callable[[int], tuple] | None = None, loss_fn=None) -> float:
-    """Peak memory (MB) of one training step at ``batch_size``, the batch created on the device (notebook 09).
-
-    On CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats`` (everything the process
-    holds on the GPU). On a CPU: the model's and optimizer's tensors plus the profiler's peak of what the step
-    allocates (``memory_source`` says which). ``make_batch(n)`` defaults to CIFAR-sized random images.
+    """Peak memory (MB) of one training step at ``batch_size``, the batch created on the device (notebook 09):
+    ``peak_mb`` of the step with the model's and optimizer's tensors held. ``make_batch(n)`` defaults to
+    CIFAR-sized random images.
     """
     device = torch.device(device)
     make_batch = make_batch or (lambda n: (torch.randn(n, 3, 32, 32), torch.randint(0, 10, (n,))))
     loss_fn = loss_fn or nn.CrossEntropyLoss()
     model.to(device).train()
     optimizer.zero_grad(set_to_none=True)
-    samples = []
 
     def step():
         x, y = (t.to(device) for t in make_batch(batch_size))
-        loss = loss_fn(model(x), y)
-        samples.append(_mps_allocated(device))
-        loss.backward()
-        samples.append(_mps_allocated(device))
+        loss_fn(model(x), y).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        synchronize(device)
 
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        step()
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    if device.type == "mps":
-        step()
-        return max(samples) / 2**20
-    before = tensor_mb(model, optimizer)
-    return before + profiler_peak_mb(step)
-
-
-def _mps_allocated(device: torch.device) -> int:
-    return torch.mps.current_allocated_memory() if device.type == "mps" else 0
+    return peak_mb(step, device, held=(model, optimizer))
 
 
 def out_of_memory(err: BaseException) -> bool:

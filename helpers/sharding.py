@@ -115,17 +115,6 @@ def state_mb(net: nn.Module, opt) -> dict:
     return found
 
 
-def _peak_mb(net: nn.Module, opt, step, device: torch.device) -> float:
-    """Peak MB of one step on this rank: CUDA statistics, or on a CPU what existed plus the profiler's peak."""
-    from .profiling import profiler_peak_mb, tensor_mb
-
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        step()
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return tensor_mb(net, opt) + profiler_peak_mb(step)
-
-
 def run_mode(mode: str, args, rank: int, world: int, device: torch.device) -> dict:
     """Train with ``mode`` ("ddp" or "fsdp") and measure this rank's memory and step time (notebooks 09, 11).
 
@@ -138,7 +127,7 @@ def run_mode(mode: str, args, rank: int, world: int, device: torch.device) -> di
     import torch.distributed as dist
 
     from .devices import synchronize
-    from .profiling import tensor_mb
+    from .profiling import peak_mb, tensor_mb
 
     torch.manual_seed(0)  # the same initial weights on every rank and in both modes
     net = wrap(make_model(args).to(device), mode, device)
@@ -163,7 +152,7 @@ def run_mode(mode: str, args, rank: int, world: int, device: torch.device) -> di
         step()
         times.append(time.perf_counter() - tick)
     held = tensor_mb(net, opt)
-    peak = _peak_mb(net, opt, step, device)
+    peak = peak_mb(step, device, held=(net, opt))
     return {"rank": rank, "held_mb": held, "peak_mb": peak, "losses": losses, **state_mb(net, opt),
             "step_ms": 1e3 * statistics.median(times[1:] or times), "tied": tied}
 

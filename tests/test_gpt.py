@@ -167,20 +167,6 @@ def test_the_memory_snapshot_records_python_stacks_only(monkeypatch, tmp_path):
     assert seen[0].get("stacks") == "python" and seen[-1] == {"enabled": None}
 
 
-def test_peak_memory_on_an_apple_gpu_is_read_from_the_metal_driver(monkeypatch):
-    """MPS has no peak counter and the CPU profiler does not see its tensors (it read 0): the driver's growth from
-    an emptied cache is reported instead (CPU stand-in: a fake driver that grows by 48 MiB while fn runs)."""
-    driver = {"bytes": 100 * 2**20}
-    monkeypatch.setattr(torch.mps, "synchronize", lambda: None)
-    monkeypatch.setattr(torch.mps, "empty_cache", lambda: None)
-    monkeypatch.setattr(torch.mps, "driver_allocated_memory", lambda: driver["bytes"])
-
-    def fn():
-        driver["bytes"] += 48 * 2**20
-
-    assert gpt.peak_mb(fn, "mps") == pytest.approx(48.0)
-
-
 def _size_table(notebook: str, column: str) -> dict:
     """The ``column`` ("gpu", "cpu", "quick") of a notebook's ``lesson.sizes(...)`` table, from its source."""
     import ast

@@ -320,3 +320,19 @@ def test_an_mps_out_of_memory_error_is_met_like_cudas(monkeypatch):
 
     with pytest.raises(RuntimeError, match="shapes"):
         profiling.find_max_batch(broken, start=8, log=lambda s: None)
+
+
+def test_peak_memory_on_an_apple_gpu_is_read_from_the_metal_driver(monkeypatch):
+    """MPS has no peak counter and the CPU profiler does not see its tensors (it read 0): the driver's growth from
+    an emptied cache is reported instead (CPU stand-in: a fake driver that grows by 48 MiB while fn runs)."""
+    driver = {"bytes": 100 * 2**20}
+    monkeypatch.setattr(torch.mps, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.mps, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.mps, "driver_allocated_memory", lambda: driver["bytes"])
+
+    def fn():
+        driver["bytes"] += 48 * 2**20
+
+    assert profiling.peak_mb(fn, "mps") == pytest.approx(48.0)
+    held = torch.nn.Linear(1024, 1024)  # 4 MiB of weights and 4 KiB of bias, held before the step
+    assert profiling.peak_mb(fn, "mps", held=(held,)) == pytest.approx(48.0 + profiling.tensor_mb(held))
