@@ -1,6 +1,7 @@
 """The speed-of-light model checked on this machine: each course workload's FLOPs counted by
 helpers.counting.count_step against an analytic count, its step time predicted from this machine's measured
-ceilings (helpers.speedoflight) against the measured one, and the same counts predicted on datasheet GPUs.
+ceilings (helpers.ceilings, helpers.predictions) against the measured one, and the same counts predicted on
+datasheet GPUs.
 
 Analytic counts are independent of PyTorch's counter: per layer, from the shapes a forward hook sees — a
 convolution 2·(C_in/groups)·k_h·k_w·C_out per output position, a linear layer 2·in·out per row, an LSTM
@@ -19,7 +20,8 @@ from torch import nn
 from helpers.devices import describe
 from helpers.labels import LabelEncoder
 from helpers.models import CompactNet, ConvBlockNet, SequenceClassifier
-from helpers.speedoflight import check_predictions, measured_ceilings
+from helpers.ceilings import measured_ceilings
+from helpers.predictions import check_predictions
 from helpers.counting import rnn_flops
 from helpers.vowels import SequenceDataset, load_japanese_vowels, pad_collate
 

@@ -16,9 +16,10 @@ LAYERS = (
     ("synchronised clocks: time_fn, time_train_step", ("timing",)),
     ("data, models, schedules; counting a step (FLOPs, bytes, operators); timed copies and operations",
      ("labels", "vowels", "cifar10", "models", "schedules", "counting", "transfer", "regimes")),
-    ("measured and published ceilings, MFU, predictions; the profiler and memory; torchrun from a notebook",
-     ("speedoflight", "profiling", "launcher")),
-    ("the training loop (fit, evaluate, checkpoints); the small GPT and its measurements", ("training", "gpt")),
+    ("measured and published ceilings, MFU; the profiler and memory; torchrun from a notebook",
+     ("ceilings", "profiling", "launcher")),
+    ("predictions on datasheet GPUs; the training loop (fit, evaluate, checkpoints); the small GPT and its "
+     "measurements", ("predictions", "training", "gpt")),
     ("what the lessons run: sweeps, the DDP per-rank program, FSDP2, diagnose",
      ("sweep", "distributed", "sharding", "diagnose")),
     ("the notebook preamble, exercises, figures", ("course", "plots")),

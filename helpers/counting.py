@@ -1,5 +1,5 @@
 """The work of one training step, counted: FLOPs, bytes each operator moves, operators launched, bytes copied to the
-device (taught in notebook 08; ``helpers.speedoflight`` turns the counts into a predicted step time).
+device (taught in notebook 08; ``helpers.predictions`` turns the counts into a predicted step time).
 
 ``count_step`` runs one real training step (forward, loss, backward, optimizer: ``helpers.step.optimizer_step``,
 the step ``fit`` takes and ``helpers.timing.time_train_step`` times) under two dispatch modes:
@@ -297,7 +297,7 @@ def count_step(model: nn.Module, batch, device: str | torch.device = "cpu", *, o
     the model you pass is not trained. ``warmup`` uncounted steps first create the optimizer's state.
     ``foreach=True`` counts the optimizer as it runs on a CUDA GPU: ``torch.optim`` picks its foreach kernels there
     (a few operators over all parameters) and a for-loop (operators per parameter) on a CPU; use it for a count made
-    on a CPU that predicts a GPU (``helpers.speedoflight``).
+    on a CPU that predicts a GPU (``helpers.predictions``).
     """
     from .devices import pick_device
     from .step import make_scaler, optimizer_step, resolve_amp, split_batch

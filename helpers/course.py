@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import torch
 
 from . import course_parameters, devices, results
-from .speedoflight import PREDICTED
+from .predictions import PREDICTED
 
 # The GPU size tables' largest step, lesson 11's GPT, is predicted at 4.6 GiB (gpt.memory_prediction; tests/test_gpt.py
 # keeps it within a T4): an Apple GPU gets them from this much of Metal's recommended working set, with room to spare.
@@ -182,7 +182,7 @@ def setup(notebook: str, quick: bool, device: str, *, needs: str | None = "gpu",
     - ``budget_s`` (a notebook parameter) bounds the notebook's longest work through ``Lesson.within_budget``,
       and the notebook's measurements so far are saved after every cell, marked partial (``Lesson.save_partial``);
     - ``predicts``: the lesson's GPU sections show predictions from the GPU datasheet where no reference exists
-      (``helpers.speedoflight``), and the notice says so;
+      (``helpers.predictions``), and the notice says so;
     - without CUDA, ``KINETO_LOG_LEVEL`` defaults to 6 (silent): the profiler's own log lines are noise there.
     """
     quick, device = course_parameters(quick, device)

@@ -12,7 +12,7 @@ CUDA, Python and NumPy, are left as they were; a loader's own generator moves on
   attribute the time; the **overlap** is how much of input-alone + model-alone the real step hides;
 - the **floors**: the step's operators × this machine's measured cost per operator (overhead), its FLOPs against
   the measured matmul peak (compute) and its bytes against the measured bandwidth (memory), from
-  ``helpers.counting.count_step`` and ``helpers.speedoflight.measured_ceilings``; and the MFU;
+  ``helpers.counting.count_step`` and ``helpers.ceilings.measured_ceilings``; and the MFU;
 - each lever against its baseline in **paired, interleaved rounds** (A B, B A, ... on fresh copies, at least
   ``MIN_PAIRS``): its speed-up is the median of the paired ratios, its interval their 10th-90th percentile, and it
   is recommended only when the interval's lower end, as a speed-up of the whole step, is above ``WORTH``.
@@ -476,12 +476,13 @@ def _same_kind(optimizer):
 
 
 def _floors(b: _Bench, rates: dict) -> dict:
-    """The model step's floors (``speedoflight.predict_step`` of ``counting.count_step`` on this machine's
+    """The model step's floors (``predictions.predict_step`` of ``counting.count_step`` on this machine's
     ``measured_ceilings``): operators × cost per operator, FLOPs at the matmul peak, bytes at the bandwidth; their
     shares of the model-alone step; the MFU of the real step and of the model alone against the measured peak."""
     try:
-        from .speedoflight import main_dtype, measured_ceilings, mfu, predict_step
+        from .ceilings import main_dtype, measured_ceilings, mfu
         from .counting import count_step
+        from .predictions import predict_step
 
         work = count_step(b.model, b.host_batch, b.device, optimizer=_same_kind(b.optimizer), loss_fn=b.loss_fn,
                           host_inputs=b.host_inputs)

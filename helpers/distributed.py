@@ -331,7 +331,7 @@ def _report(args, me: Rank, model, history, train_images: int, source: str, lr: 
 def _model_flops(history, world: int) -> dict:
     """The model FLOPs fit counted per image, and the FLOP/s of the fastest epoch, all ranks together (fit's rate
     counts the images this rank saw, so an epoch cut short by a time limit counts right; the MFU against a peak is
-    ``helpers.speedoflight.ddp_mfu``: the notebook knows the device's measured peak)."""
+    ``helpers.ceilings.ddp_mfu``: the notebook knows the device's measured peak)."""
     rates = [e["flops_per_s"] for e in history.epochs if e.get("flops_per_s")]
     if not rates:
         return {}

@@ -170,7 +170,7 @@ def compare_bars(values: dict, *, unit: str, title: str, baseline: str | None = 
 
     ``values`` maps a label ("this machine: cpu") to a number; ``references`` maps a reference
     hardware name to a dict of the same shape and is drawn hatched beside them; ``predictions`` maps a GPU name
-    to such a dict, drawn with a lighter hatch and labelled as predicted (``helpers.speedoflight.predict_gpus``).
+    to such a dict, drawn with a lighter hatch and labelled as predicted (``helpers.predictions.predict_gpus``).
     """
     series = [("this machine", values)] + [(f"reference: {k}", v) for k, v in (references or {}).items()] + \
         [(f"{k}: predicted", v) for k, v in (predictions or {}).items()]
@@ -261,7 +261,7 @@ def compare_lines(series: dict, *, xlabel: str, ylabel: str, title: str, referen
     coincide are drawn as one line naming all their GPUs.
 
     ``series`` maps a name to ``{x: y}``; ``references`` maps a reference hardware name to such a dict;
-    ``predictions`` maps a GPU name to ``{x: y}`` (``helpers.speedoflight.predict_gpus``).
+    ``predictions`` maps a GPU name to ``{x: y}`` (``helpers.predictions.predict_gpus``).
     """
     ax = _axes(ax, (7, 4))
     for name, points in series.items():

@@ -406,8 +406,8 @@ def _train_epoch(loop: _Loop, loader, meter: EpochMeter, skip: int = 0, resume_r
 def _count_work(loop: _Loop, batch, meter: EpochMeter) -> None:
     """Count one step's FLOPs (``helpers.counting.count_step``, on a copy, the RNG state kept) and look up the
     device's measured peak if it is cached (fit never stops to measure it: call
-    ``helpers.speedoflight.measured_ceilings`` first); the time it takes is not training time."""
-    from .speedoflight import main_dtype, measured_ceilings
+    ``helpers.ceilings.measured_ceilings`` first); the time it takes is not training time."""
+    from .ceilings import main_dtype, measured_ceilings
     from .counting import count_step
 
     model = _unwrap(loop.model)
@@ -430,7 +430,7 @@ def _count_work(loop: _Loop, batch, meter: EpochMeter) -> None:
 
 def _throughput(loop: _Loop, record: dict, seen: int) -> None:
     """Add the epoch's model FLOP/s and MFU against the measured peak to ``record`` (when counted)."""
-    from .speedoflight import mfu
+    from .ceilings import mfu
 
     if not loop.work or not record["seconds"] > 0:
         return
@@ -492,7 +492,7 @@ def fit(model: nn.Module, train_loader, *, epochs: int, optimizer: torch.optim.O
     - ``save_checkpoints=False`` reads ``checkpoint`` to resume but never writes it (DDP ranks other than 0).
     - ``time_limit_s``: a time budget (``TimePace``): ``epochs`` is the plan, the schedule follows the clock.
     - ``count_flops``: count the first step's FLOPs (not training time) so each epoch records ``flops_per_s`` and,
-      once ``helpers.speedoflight.measured_ceilings`` has measured this device, ``mfu`` (model FLOPs utilisation).
+      once ``helpers.ceilings.measured_ceilings`` has measured this device, ``mfu`` (model FLOPs utilisation).
     """
     if scheduler_step not in ("batch", "epoch"):
         raise ValueError(f"scheduler_step must be 'batch' or 'epoch', not {scheduler_step!r}")

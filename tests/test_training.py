@@ -342,10 +342,10 @@ def test_time_spent_counting_flops_is_not_training_time(monkeypatch):
 def test_fit_records_model_flops_and_mfu_without_changing_the_training(monkeypatch):
     """The first step is counted on a copy (RNG kept): the epochs hold FLOPs per item (analytic: forward 2·in·out per
     Linear, backward twice that except the first layer's input gradient) and MFU against the cached peak."""
-    from helpers import speedoflight
+    from helpers import ceilings
 
-    ceilings = {"flops_per_s": {"float32": 1e11}, "device": "cpu", "hardware": "test"}
-    monkeypatch.setattr(speedoflight, "measured_ceilings", lambda device, measure=True: ceilings)
+    peaks = {"flops_per_s": {"float32": 1e11}, "device": "cpu", "hardware": "test"}
+    monkeypatch.setattr(ceilings, "measured_ceilings", lambda device, measure=True: peaks)
 
     def run(count):
         torch.manual_seed(0)

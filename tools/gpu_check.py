@@ -13,7 +13,7 @@ package index, and is lent for minutes. This script
    (`make wheelhouse`) with `pip --no-index` into OUT/site, a scratch folder put first on PYTHONPATH — never
    into the node's Python;
 4. extracts a CIFAR-10 tarball into OUT (or uses a folder); without one, the CIFAR lessons are skipped; measures
-   the node's ceilings once (peak FLOP/s, bandwidth, cost per operator: helpers.speedoflight) for every notebook;
+   the node's ceilings once (peak FLOP/s, bandwidth, cost per operator: helpers.ceilings) for every notebook;
 5. runs every notebook (tools/run_course.py, --keep-going) under one deadline: --budget-min covers everything
    from this script's start — pre-flight, install, extraction, notebooks, benchmarks, packing — and the run ends
    by DEADLINE_GRACE_S after it at the latest; each notebook is stopped at its own limit;
@@ -224,7 +224,7 @@ def main(argv=None) -> int:
 
 CEILINGS = """
 import torch
-from helpers.speedoflight import measured_ceilings
+from helpers.ceilings import measured_ceilings
 for device, threads in (({device!r}, None), ("cpu", None), ("cpu", 1)):
     torch.set_num_threads(threads or torch.get_num_threads())
     c = measured_ceilings(device)

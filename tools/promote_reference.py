@@ -41,7 +41,7 @@ def gather_prediction_check(folder: Path) -> Path | None:
         return None
     target = folder / "prediction_check.json"
     atomic_write_text(target, json.dumps({"about": "measured / predicted from data/gpu_datasheet.json, per notebook "
-                                          "(helpers.speedoflight): above 1, slower than predicted",
+                                          "(helpers.predictions): above 1, slower than predicted",
                                           "hardware": hardware, "notebooks": found}, indent=1) + "\n")
     return target
 

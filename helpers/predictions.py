@@ -1,160 +1,25 @@
-"""The speed of light: what the hardware can do, and the step time that implies (taught in notebook 08; the
-predicted GPU numbers of notebooks 01-06 are built with it).
+"""The step time the ceilings imply, predicted before it is measured (taught in notebook 08; the predicted GPU
+numbers of notebooks 01-06 are built with it).
 
-- ``measured_ceilings`` measures this machine once (the best matmul FLOP/s per dtype over a few large sizes, the
-  memory bandwidth of a copy far larger than the caches, the cost of one tiny operator) with the measurements of
-  ``helpers.regimes``, and caches the result per machine and torch version in the user's cache folder;
-- ``datasheet`` reads ``data/gpu_datasheet.json``: dense peak FLOP/s per dtype, memory bandwidth and host link of the
-  GPUs a learner may meet or rent, each number with its source; ``datasheet_ceilings`` turns an entry into ceilings;
 - ``predict_step`` is a per-operator roofline: it turns the counts of ``helpers.counting.count_step`` and a set of
-  ceilings into a predicted step time and names the regime that binds. Nothing here is fitted to a measurement.
+  ceilings (``helpers.ceilings``) into a predicted step time and names the regime that binds. Nothing here is
+  fitted to a measurement;
+- ``predict_gpus`` and the ``predicted_*`` functions do it for the datasheet GPUs a lesson shows, each figure
+  labelled ``PREDICTED``; ``check_predictions`` compares predictions with measurements on this machine.
 """
 from __future__ import annotations
 
-import functools
-import json
 import os
-import re
-import time
-from datetime import datetime, timezone
-from pathlib import Path
 
 import torch
 
+from .ceilings import (datasheet, datasheet_ceilings, datasheet_name, dtype_peak, launch_cost, main_dtype,
+                       measured_ceilings)
 from .devices import float32_precision
-from .results import cache_dir, course_file
 
-SCHEMA = 1
-MIB = 2**20
-# Square matmul sizes searched per device type, and the dtypes measured (a "maximum achievable matmul" search:
-# the best of several sizes, since one size can miss the tiling a library does best).
-MATMUL_SIZES = {"cpu": (512, 1024, 2048), "cuda": (4096, 6144, 8192), "mps": (2048, 3072, 4096)}
 # The datasheet GPUs a prediction shows by default: a free notebook's GPU, a common rental, a current flagship.
 DEFAULT_GPUS = ("T4", "A100 80GB SXM", "H100 SXM")
 PREDICTED = "predicted from the datasheet, not measured"
-# torch.cuda.get_device_name() patterns for the datasheet's entries (first match wins).
-DEVICE_NAMES = ((r"H100.*PCIe", "H100 PCIe"), (r"H100", "H100 SXM"), (r"H200", "H200 SXM"),
-                (r"A100.*80", "A100 80GB SXM"), (r"\bL4\b", "L4"), (r"\bT4\b", "T4"), (r"RTX 4090", "GeForce RTX 4090"))
-MATMUL_DTYPES = {"cpu": ("float32", "bfloat16"), "cuda": ("float32", "tf32", "bfloat16", "float16"),
-                 "mps": ("float32", "float16", "bfloat16")}
-
-
-def ceilings_key(device: torch.device) -> str:
-    """The cache key of ``device``'s ceilings: hardware name, device, torch version and CPU threads (notebook 08)."""
-    from .devices import hardware_name
-
-    text = f"{hardware_name()}-{device}-torch{torch.__version__}-{torch.get_num_threads()}threads"
-    return re.sub(r"[^A-Za-z0-9.+-]+", "-", text)
-
-
-def last_level_cache_bytes(device: torch.device) -> int:
-    """The largest cache in front of ``device``'s memory: a CUDA GPU's L2, the CPU's last-level cache (Linux), else
-    64 MiB (notebook 08)."""
-    if device.type == "cuda":
-        return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 64 * MIB))
-    sizes = []
-    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size") if device.type == "cpu" else ():
-        m = re.fullmatch(r"(\d+)([KMG]?)", f.read_text().strip())
-        if m:
-            sizes.append(int(m[1]) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[m[2]])
-    return max(sizes, default=64 * MIB)
-
-
-def copy_elements(device: torch.device) -> int:
-    """fp32 values per array of the bandwidth copy: each array twice the largest cache and at least 256 MiB, so
-    source and destination together are at least four times the cache (at most an eighth of free memory).
-    (notebook 08)"""
-    nbytes = max(256 * MIB, 2 * last_level_cache_bytes(device))
-    if device.type == "cuda":
-        nbytes = min(nbytes, torch.cuda.mem_get_info(device)[0] // 8)
-    elif hasattr(os, "sysconf") and "SC_AVPHYS_PAGES" in os.sysconf_names:
-        nbytes = min(nbytes, os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 8)
-    return nbytes // 4
-
-
-def matmul_peak(device, dtypes=None, sizes=None, min_run_time: float = 0.1) -> dict:
-    """The best matmul FLOP/s per dtype over several square sizes, with every size's rate (notebook 08).
-
-    Uses ``helpers.regimes.matmul_rate``. ``"tf32"`` is fp32 inputs with TF32 tensor cores allowed, ``"float32"``
-    true fp32 (``helpers.devices.float32_precision``); a dtype the device cannot multiply is skipped.
-    """
-    from .devices import float32_precision
-    from .regimes import matmul_rate
-
-    device = torch.device(device)
-    best, points = {}, []
-    for name in dtypes or MATMUL_DTYPES.get(device.type, ("float32",)):
-        dtype = torch.float32 if name == "tf32" else getattr(torch, name)
-        with float32_precision("tf32" if name == "tf32" else "ieee"):
-            for n in sizes or MATMUL_SIZES.get(device.type, (1024,)):
-                try:
-                    rate = matmul_rate(n, device, dtype=dtype, min_run_time=min_run_time)["gflops"] * 1e9
-                except (RuntimeError, TypeError) as err:  # a dtype this device has no matmul for
-                    points.append({"dtype": name, "n": n, "error": str(err).splitlines()[0][:120]})
-                    break
-                points.append({"dtype": name, "n": n, "flops_per_s": rate})
-                best[name] = max(best.get(name, 0.0), rate)
-    return {"flops_per_s": best, "matmul": points}
-
-
-def _measure(device: torch.device, min_run_time: float) -> dict:
-    from .regimes import copy_bandwidth, overhead_rate
-
-    t0 = time.perf_counter()
-    found = matmul_peak(device, min_run_time=min_run_time)
-    n = copy_elements(device)
-    copy = copy_bandwidth(n, device, min_run_time=min_run_time)
-    tiny = overhead_rate(device, min_run_time=min_run_time)
-    return {**found, "bytes_per_s": copy["gbps"] * 1e9, "copy_bytes": 2 * n * 4, "op_s": tiny["us_per_op"] * 1e-6,
-            "launch_s": 0.0, "overlap": device.type in ("cuda", "mps"), "seconds_to_measure": time.perf_counter() - t0}
-
-
-def measured_ceilings(device="auto", *, refresh: bool = False, min_run_time: float = 0.1,
-                      measure: bool = True) -> dict | None:
-    """This machine's measured ceilings for ``device``, measured once and then read from the cache (notebook 08).
-
-    ``flops_per_s``: best matmul rate per dtype (``matmul_peak``); ``bytes_per_s``: a copy far larger than the
-    caches (``helpers.regimes.copy_bandwidth``, read + write counted); ``op_s``: seconds per tiny operator
-    (``helpers.regimes.overhead_rate``: Python, dispatch and, on a GPU, the launch, as the host issues them);
-    ``launch_s``: the host's cost of a kernel launch beyond ``op_s``, 0 here (the tiny operator timed on the device
-    in use already includes its launch); ``overlap``: whether the host runs ahead of
-    the device (a GPU) or does the work itself (a CPU). Cached as JSON under ``cache_dir()`` keyed by
-    ``ceilings_key``; ``refresh=True`` measures again; ``measure=False`` returns None rather than measure (a
-    training process that must not stop for it, e.g. one DDP rank of several). Never adjusted to make a prediction agree. The load
-    average at the time is recorded: ceilings measured while other programs ran (a load above the CPU count) are
-    low; measure again with ``refresh=True`` on a quiet machine.
-    """
-    from .devices import describe, pick_device, usable_cpus
-
-    device = pick_device(device)
-    path = cache_dir() / "ceilings" / f"{ceilings_key(device)}.json"
-    if path.exists() and not refresh:
-        found = json.loads(path.read_text())
-        if found.get("schema") == SCHEMA:
-            return {**found, "cache": str(path), "cached": True}
-    if not measure:
-        return None
-    found = {"schema": SCHEMA, "key": ceilings_key(device), "device": str(device), "hardware": describe()["name"],
-             "torch": torch.__version__, "threads": torch.get_num_threads(),
-             "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-             "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None, "cpus": usable_cpus(),
-             **_measure(device, min_run_time)}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(found, indent=1))
-    tmp.replace(path)  # atomic: two kernels measuring at once never leave half a file
-    return {**found, "cache": str(path), "cached": False}
-
-
-def datasheet_path() -> Path:
-    """``data/gpu_datasheet.json`` in the course's folder (notebook 08)."""
-    return course_file("data", "gpu_datasheet.json")
-
-
-@functools.lru_cache(maxsize=4)
-def _datasheet_file(path: str) -> dict:
-    """The parsed datasheet file, read once per process (every prediction consults it; nothing may modify it)."""
-    return json.loads(Path(path).read_text())
 
 
 def _gpu_count(model, batch, device="cpu", **count_kw):
@@ -168,57 +33,6 @@ def _gpu_count(model, batch, device="cpu", **count_kw):
 def _host_op_s(op_s: float | None) -> float:
     """The host's cost per operator for a prediction: ``op_s``, or this machine's CPU's measured one."""
     return measured_ceilings("cpu")["op_s"] if op_s is None else op_s
-
-
-def datasheet(path: str | Path | None = None) -> dict:
-    """The GPU datasheet: ``{gpu name: entry}``; each entry's numbers carry their source (notebook 08).
-
-    An entry has ``flops_per_s`` (``{dtype: {"value", "source", "quote", ...}}``, dense peaks only, FP32 and TF32
-    as separate rows), ``bytes_per_s`` and ``host_link`` (each ``{"value", "source", "quote", ...}``) and
-    ``sources`` (``{id: {"title", "url"}}``). A number not found in a source is left out, with a note.
-    """
-    return _datasheet_file(str(path or datasheet_path()))["gpus"]
-
-
-def launch_cost(path: str | Path | None = None) -> dict:
-    """The host's cost of one CUDA kernel launch, from the datasheet file: ``{"value" (s), "quote", "url", ...}``.
-
-    The lower end of the range its source quotes, so an overhead-bound prediction is a lower bound (notebook 08).
-    """
-    data = _datasheet_file(str(path or datasheet_path()))
-    row = dict(data["launch_s"])
-    return {**row, "url": data["sources"][row["source"]]["url"]}
-
-
-def datasheet_ceilings(entry: dict, *, op_s: float, launch_s: float | None = None) -> dict:
-    """Ceilings in ``measured_ceilings``' form from one datasheet entry, for ``predict_step`` (notebook 08).
-
-    The host's ``op_s`` is the learner's own (the same Python dispatches for a GPU); ``launch_s`` the host's cost of
-    one kernel launch on top of it (default: ``launch_cost()``, a cited figure). A GPU runs asynchronously, so
-    ``overlap`` is True. A PCIe host link of known
-    generation and width gives ``h2d_bytes_per_s``: its theoretical one-direction rate
-    (``helpers.transfer.pcie_theoretical``). An entry without a published peak (Apple) raises ``ValueError``.
-    """
-    from .transfer import pcie_theoretical
-
-    rates = {dtype: row["value"] for dtype, row in entry["flops_per_s"].items()}
-    if not rates:
-        raise ValueError(f"no published peak FLOP/s: {entry.get('missing', {}).get('flops_per_s', '')}")
-    link = entry.get("host_link", {})
-    launch_s = launch_cost()["value"] if launch_s is None else launch_s
-    found = {"flops_per_s": rates, "bytes_per_s": entry["bytes_per_s"]["value"], "op_s": op_s,
-             "launch_s": launch_s, "overlap": True}
-    if link.get("kind") == "PCIe" and link.get("generation") and link.get("lanes"):
-        found["h2d_bytes_per_s"] = pcie_theoretical(link["generation"], link["lanes"])["gbps"] * 1e9
-    return found
-
-
-def _peak(rates: dict, dtype: str) -> float:
-    """The peak for an operator's dtype, else the fp32 one; a dtype with neither is an error, not a guess."""
-    peak = rates.get(dtype) or rates.get("float32")
-    if not peak:
-        raise ValueError(f"the ceilings have no peak for {dtype} (nor float32): {sorted(rates)}")
-    return peak
 
 
 def predict_step(work, ceilings: dict) -> dict:
@@ -238,7 +52,7 @@ def predict_step(work, ceilings: dict) -> dict:
     compute_s = memory_s = 0.0
     by_op: dict[str, float] = {}
     for row in work["rows"]:
-        c = row["flops"] / _peak(rates, row["dtype"]) if row["flops"] else 0.0
+        c = row["flops"] / dtype_peak(rates, row["dtype"]) if row["flops"] else 0.0
         m = row["bytes"] / bandwidth
         seconds = max(c, m) * row["calls"]
         compute_s, memory_s = (compute_s + seconds, memory_s) if c >= m else (compute_s, memory_s + seconds)
@@ -336,43 +150,6 @@ def predict_gpus(work, gpus=None, *, op_s: float | None = None, copy_batch: bool
     return found
 
 
-def datasheet_name(device) -> str | None:
-    """The datasheet entry of a CUDA ``device`` (``torch.cuda.get_device_name``), or None (notebook 08)."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((entry for pattern, entry in DEVICE_NAMES if re.search(pattern, name)), None)
-
-
-def main_dtype(work) -> str:
-    """The dtype that does most of ``work``'s FLOPs (``float32`` when none are counted) (notebook 08)."""
-    work = work.state_dict() if hasattr(work, "state_dict") else work
-    flops: dict[str, int] = {}
-    for row in work["rows"]:
-        flops[row["dtype"]] = flops.get(row["dtype"], 0) + row["flops"] * row["calls"]
-    return max(flops, key=flops.get) if any(flops.values()) else "float32"
-
-
-def mfu(flops_per_s: float, device="cpu", dtype: str = "float32", *, ceilings: dict | None = None) -> dict:
-    """Model FLOPs utilisation: achieved FLOP/s over the measured matmul peak of ``device`` for ``dtype``, and over
-    the datasheet's dense peak where the device is a GPU the datasheet knows (notebooks 05-10).
-
-    ``flops_per_s`` counts the model's FLOPs (``count_step``) per second of training. The measured peak is the
-    best a large matmul reached here (``measured_ceilings``); a dtype without one falls back to the fp32 peak.
-    """
-    ceilings = ceilings or measured_ceilings(device)
-    peak = _peak(ceilings["flops_per_s"], dtype)
-    found = {"flops_per_s": flops_per_s, "dtype": dtype, "peak_flops_per_s": peak, "mfu": flops_per_s / peak,
-             "peak": f"measured matmul peak of {ceilings.get('hardware', device)} ({ceilings.get('device', device)})"}
-    name = datasheet_name(ceilings.get("device", device))
-    rates = datasheet()[name]["flops_per_s"] if name else {}
-    if name and (dtype in rates or "float32" in rates):
-        sheet_peak = rates.get(dtype, rates.get("float32"))["value"]
-        found.update(datasheet_gpu=name, datasheet_peak_flops_per_s=sheet_peak, datasheet_mfu=flops_per_s / sheet_peak)
-    return found
-
-
 def predicted_sweep(points: dict, gpus=None, *, op_s: float | None = None, copy_batch: bool = True,
                     **count_kw) -> dict:
     """Count one step per sweep point and predict it on each GPU: ``points`` maps x (a batch size, a width) to
@@ -435,17 +212,6 @@ def predicted_copy(sizes, gpus=None, *, op_s: float | None = None) -> dict:
         found[gpu] = {"link": f"PCIe Gen{link['generation']} x{link['lanes']}",
                       "gbps": {s: s / (fixed + s / rate) / 1e9 for s in sizes}}
     return found
-
-
-def ddp_mfu(run: dict, ceilings: dict) -> dict | None:
-    """MFU of a ``helpers.distributed`` run's fastest epoch (its ``flops_per_s``, all ranks together): on GPUs per
-    device, each rank having its own; on a CPU against the whole machine's peak, which every rank shares. The
-    dtype is the run's autocast dtype (bf16 or fp16), else fp32. None when the run counted no FLOPs (notebook 05)."""
-    if not run.get("flops_per_s"):
-        return None
-    per_device = run["flops_per_s"] / (run["world_size"] if run.get("device") == "cuda" else 1)
-    dtype = next((d for d in ("bfloat16", "float16") if d in str(run.get("autocast"))), "float32")
-    return mfu(per_device, ceilings["device"], dtype, ceilings=ceilings)
 
 
 def _relabelled(work, old: str, new: str):

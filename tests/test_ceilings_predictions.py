@@ -1,4 +1,4 @@
-"""helpers.speedoflight: measured ceilings (cached), the GPU datasheet (every number sourced), predict_step."""
+"""helpers.ceilings and helpers.predictions: measured ceilings (cached), the GPU datasheet (every number sourced), predict_step."""
 import copy
 from types import SimpleNamespace
 import json
@@ -7,8 +7,9 @@ import math
 import pytest
 import torch
 
-from helpers import speedoflight
-from helpers.speedoflight import datasheet, datasheet_ceilings, measured_ceilings, predict_step
+from helpers import ceilings, predictions
+from helpers.ceilings import datasheet, datasheet_ceilings, measured_ceilings
+from helpers.predictions import predict_step
 
 GPUS = ("A100 80GB SXM", "H100 SXM", "H100 PCIe", "H200 SXM", "L4", "T4", "GeForce RTX 4090")
 
@@ -49,21 +50,21 @@ def test_predict_step_on_a_gpu_takes_the_slower_of_host_and_device():
 
 
 def test_predict_gpus_labels_each_and_skips_a_gpu_without_the_peak():
-    found = speedoflight.predict_gpus(synthetic_work(input_bytes=10_000_000), ("T4", "H200 SXM"), op_s=1e-5)
-    assert found["T4"]["label"] == speedoflight.PREDICTED and "predicted" in found["T4"]["label"]
+    found = predictions.predict_gpus(synthetic_work(input_bytes=10_000_000), ("T4", "H200 SXM"), op_s=1e-5)
+    assert found["T4"]["label"] == predictions.PREDICTED and "predicted" in found["T4"]["label"]
     assert found["T4"]["transfer_s"] > 0, "counted on a CPU, the batch a GPU would copy crosses the host link"
-    launch = speedoflight.launch_cost()
+    launch = ceilings.launch_cost()
     assert launch["value"] == 5e-6 and "5-20 microseconds" in launch["quote"] and launch["url"].startswith("http")
     assert found["T4"]["host_s"] == pytest.approx(10 * 1e-5 + 3 * launch["value"])
     assert "float32" in found["H200 SXM"]["skipped"], "no FP32 row for the H200: skipped, not guessed"
 
 
 def test_mfu_divides_by_the_measured_peak_of_the_dtype():
-    ceilings = {"flops_per_s": {"float32": 2e11, "bfloat16": 8e11}, "device": "cpu", "hardware": "test-cpu"}
-    assert speedoflight.mfu(5e10, "cpu", "float32", ceilings=ceilings)["mfu"] == pytest.approx(0.25)
-    found = speedoflight.mfu(2e11, "cpu", "bfloat16", ceilings=ceilings)
+    peaks = {"flops_per_s": {"float32": 2e11, "bfloat16": 8e11}, "device": "cpu", "hardware": "test-cpu"}
+    assert ceilings.mfu(5e10, "cpu", "float32", ceilings=peaks)["mfu"] == pytest.approx(0.25)
+    found = ceilings.mfu(2e11, "cpu", "bfloat16", ceilings=peaks)
     assert found["mfu"] == pytest.approx(0.25) and "datasheet_mfu" not in found and "test-cpu" in found["peak"]
-    assert speedoflight.mfu(1e10, "cpu", "float16", ceilings=ceilings)["peak_flops_per_s"] == 2e11  # fp32 fallback
+    assert ceilings.mfu(1e10, "cpu", "float16", ceilings=peaks)["peak_flops_per_s"] == 2e11  # fp32 fallback
 
 
 @pytest.mark.parametrize("device_name, entry", [("NVIDIA H100 80GB HBM3", "H100 SXM"), ("NVIDIA H100 PCIe", "H100 PCIe"),
@@ -72,8 +73,8 @@ def test_mfu_divides_by_the_measured_peak_of_the_dtype():
                                                 ("NVIDIA GeForce RTX 4090", "GeForce RTX 4090")])
 def test_a_cuda_device_name_finds_its_datasheet_entry(monkeypatch, device_name, entry):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: device_name)
-    assert speedoflight.datasheet_name("cuda:0") == entry
-    assert speedoflight.datasheet_name("cpu") is None
+    assert ceilings.datasheet_name("cuda:0") == entry
+    assert ceilings.datasheet_name("cpu") is None
 
 
 def test_predict_step_names_compute_when_the_matmul_dominates():
@@ -94,7 +95,7 @@ def fake_measure(calls):
 def test_ceilings_are_measured_once_per_machine_and_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     calls = []
-    monkeypatch.setattr(speedoflight, "_measure", fake_measure(calls))
+    monkeypatch.setattr(ceilings, "_measure", fake_measure(calls))
     first = measured_ceilings("cpu")
     second = measured_ceilings("cpu")
     assert calls == ["cpu"], "the second call reads the cache"
@@ -106,15 +107,15 @@ def test_ceilings_are_measured_once_per_machine_and_cached(tmp_path, monkeypatch
 
 
 def test_matmul_peak_is_the_best_of_several_sizes():
-    found = speedoflight.matmul_peak("cpu", dtypes=("float32",), sizes=(32, 96), min_run_time=0.01)
+    found = ceilings.matmul_peak("cpu", dtypes=("float32",), sizes=(32, 96), min_run_time=0.01)
     rates = [p["flops_per_s"] for p in found["matmul"]]
     assert [p["n"] for p in found["matmul"]] == [32, 96]
     assert found["flops_per_s"] == {"float32": max(rates)}
 
 
 def test_the_copy_is_far_larger_than_the_caches(monkeypatch):
-    monkeypatch.setattr(speedoflight, "last_level_cache_bytes", lambda device: 512 * 2**20)
-    n = speedoflight.copy_elements(torch.device("cpu"))
+    monkeypatch.setattr(ceilings, "last_level_cache_bytes", lambda device: 512 * 2**20)
+    n = ceilings.copy_elements(torch.device("cpu"))
     assert 2 * n * 4 >= 4 * 512 * 2**20 or n * 4 * 8 >= 0.9 * _free_bytes(), "4× the cache, unless memory is short"
 
 
@@ -152,7 +153,7 @@ def unsourced(data: dict) -> list:
 
 
 def raw_datasheet():
-    return json.loads(speedoflight.datasheet_path().read_text())
+    return json.loads(ceilings.datasheet_path().read_text())
 
 
 def test_every_number_in_the_datasheet_has_a_source():
@@ -208,19 +209,19 @@ def test_the_gpu_in_use_joins_the_predictions_when_the_datasheet_knows_it(monkey
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
-    assert speedoflight.gpus_here() == speedoflight.DEFAULT_GPUS + ("H200 SXM",)
+    assert predictions.gpus_here() == predictions.DEFAULT_GPUS + ("H200 SXM",)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
-    assert speedoflight.gpus_here() == speedoflight.DEFAULT_GPUS, "already among the defaults: not twice"
-    assert speedoflight.gpus_here(["L4"]) == ("L4",)
+    assert predictions.gpus_here() == predictions.DEFAULT_GPUS, "already among the defaults: not twice"
+    assert predictions.gpus_here(["L4"]) == ("L4",)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert speedoflight.gpus_here() == speedoflight.DEFAULT_GPUS
+    assert predictions.gpus_here() == predictions.DEFAULT_GPUS
 
 
 def test_measured_over_predicted_pairs_what_both_hold():
     measured = {"conv": {"8": 2.0, "64": 4.0}, "lstm": 3.0, "copy": None, "only here": 1.0}
     predicted = {"conv": {"8": 1.0, "64": 0.0}, "lstm": 1.5, "copy": 2.0}
-    assert speedoflight.measured_over_predicted(measured, predicted) == {"conv": {"8": 2.0}, "lstm": 2.0}
-    assert speedoflight.measured_over_predicted({"a": {"b": 1.0}}, {"a": {"c": 1.0}}) == {}
+    assert predictions.measured_over_predicted(measured, predicted) == {"conv": {"8": 2.0}, "lstm": 2.0}
+    assert predictions.measured_over_predicted({"a": {"b": 1.0}}, {"a": {"c": 1.0}}) == {}
 
 
 def test_fp16_is_predicted_from_the_bf16_count_relabelled(monkeypatch):
@@ -237,7 +238,7 @@ def test_fp16_is_predicted_from_the_bf16_count_relabelled(monkeypatch):
 
     monkeypatch.setattr(counting, "count_step", fake_count)
     batch = (torch.zeros(4, 3), torch.zeros(4, dtype=torch.long))
-    found = speedoflight.predicted_training(lambda: None, batch, images=8, amp=True, gpus=("T4", "A100 80GB SXM"),
+    found = predictions.predicted_training(lambda: None, batch, images=8, amp=True, gpus=("T4", "A100 80GB SXM"),
                                             op_s=1e-9)
     assert counted == ["bfloat16"], counted
     assert found["T4"]["dtype"] == "float16" and found["A100 80GB SXM"]["dtype"] == "bfloat16"
@@ -253,9 +254,9 @@ def test_gpu_predictions_count_the_optimizer_as_cuda_runs_it():
 
     batch = (torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,)))
     cpu = count_step(ConvBlockNet(depth=2), batch, "cpu")
-    sweep = speedoflight.predicted_sweep({4: (ConvBlockNet(depth=2), batch)}, ("T4",), op_s=1e-6)
+    sweep = predictions.predicted_sweep({4: (ConvBlockNet(depth=2), batch)}, ("T4",), op_s=1e-6)
     assert sweep["work"][4]["ops"] < cpu.ops and sweep["work"][4]["flops"] == cpu.flops, (sweep["work"], cpu.ops)
-    light = speedoflight.check_predictions({"net": {"model": ConvBlockNet(depth=2), "batch": batch}}, "cpu",
+    light = predictions.check_predictions({"net": {"model": ConvBlockNet(depth=2), "batch": batch}}, "cpu",
                                            ceilings={"flops_per_s": {"float32": 1e11}, "bytes_per_s": 1e10,
                                                      "op_s": 1e-5, "overlap": False, "device": "cpu"},
                                            min_run_time=0.01, gpus=("T4",))
@@ -266,11 +267,11 @@ def test_a_sweep_can_predict_the_step_with_its_batch_resident(monkeypatch):
     """time_train_step keeps the batch on the device: the prediction compared with it copies nothing."""
     from helpers.models import ConvBlockNet
 
-    seen, predict = [], speedoflight.predict_gpus
-    monkeypatch.setattr(speedoflight, "predict_gpus", lambda *a, **kw: seen.append(kw["copy_batch"]) or predict(*a, **kw))
+    seen, predict = [], predictions.predict_gpus
+    monkeypatch.setattr(predictions, "predict_gpus", lambda *a, **kw: seen.append(kw["copy_batch"]) or predict(*a, **kw))
     batch = (torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,)))
     for flag in (True, False):
-        speedoflight.predicted_sweep({4: (ConvBlockNet(depth=1), batch)}, ("T4",), op_s=0.0, copy_batch=flag)
+        predictions.predicted_sweep({4: (ConvBlockNet(depth=1), batch)}, ("T4",), op_s=0.0, copy_batch=flag)
     assert seen == [True, False]
     work = synthetic_work(input_bytes=10**9)  # a large batch: its copy shows in the step
     assert predict(work, ("T4",), op_s=0.0, copy_batch=False)["T4"]["step_s"] < \
@@ -279,38 +280,38 @@ def test_a_sweep_can_predict_the_step_with_its_batch_resident(monkeypatch):
 
 def test_predicted_matmul_names_the_regime_that_binds():
     """A small product is bound by the host's launches, a large one by the datasheet's compute peak."""
-    found = speedoflight.predicted_matmul([64, 8192], "float32", ("A100 80GB SXM",), op_s=1e-5, detail=True)
+    found = predictions.predicted_matmul([64, 8192], "float32", ("A100 80GB SXM",), op_s=1e-5, detail=True)
     small, large = found["A100 80GB SXM"][64], found["A100 80GB SXM"][8192]
     assert small["bound"] == "overhead" and large["bound"] == "compute", found
-    assert large["gflops"] == pytest.approx(speedoflight.predicted_matmul([8192], "float32", ("A100 80GB SXM",),
+    assert large["gflops"] == pytest.approx(predictions.predicted_matmul([8192], "float32", ("A100 80GB SXM",),
                                                                           op_s=1e-5)["A100 80GB SXM"][8192])
 
 
 def test_course_gpus_chooses_the_gpus_predicted_for(monkeypatch):
     """$COURSE_GPUS: unset, the defaults; 'all', every datasheet entry; a list, those; a wrong name, one line."""
-    from helpers import speedoflight
+    from helpers import ceilings, predictions
 
     monkeypatch.delenv("COURSE_GPUS", raising=False)
-    assert speedoflight.chosen_gpus() == speedoflight.DEFAULT_GPUS
+    assert predictions.chosen_gpus() == predictions.DEFAULT_GPUS
     monkeypatch.setenv("COURSE_GPUS", "all")
-    assert set(speedoflight.chosen_gpus()) == set(speedoflight.datasheet()) and "H200 SXM" in speedoflight.gpus_here()
+    assert set(predictions.chosen_gpus()) == set(ceilings.datasheet()) and "H200 SXM" in predictions.gpus_here()
     monkeypatch.setenv("COURSE_GPUS", "T4, H200 SXM")
-    assert speedoflight.gpus_here() == ("T4", "H200 SXM")
+    assert predictions.gpus_here() == ("T4", "H200 SXM")
     monkeypatch.setenv("COURSE_GPUS", "T4,B200")
     with pytest.raises(ValueError, match="'B200'.*choose from"):
-        speedoflight.chosen_gpus()
+        predictions.chosen_gpus()
 
 
 def test_a_gpu_without_the_dtype_is_said_not_dropped(monkeypatch):
     """The H200's datasheet entry has no FP32 row: an fp32 step is skipped for it, with the reason said once."""
-    from helpers import speedoflight
+    from helpers import predictions
 
     from helpers.counting import count_fn
 
     a = torch.randn(256, 256)
     work = count_fn(lambda x: x @ a, torch.randn(256, 256))  # an fp32 matmul
     said = []
-    got = speedoflight.usable(speedoflight.predict_gpus(work, ("T4", "H200 SXM"), op_s=1e-6), say=said.append)
+    got = predictions.usable(predictions.predict_gpus(work, ("T4", "H200 SXM"), op_s=1e-6), say=said.append)
     assert list(got) == ["T4"] and "step_s" in got["T4"]
     assert len(said) == 1 and said[0].startswith("H200 SXM: not predicted (") and "float32" in said[0]
 
@@ -330,7 +331,7 @@ def test_check_predictions_times_in_true_fp32(monkeypatch):
     monkeypatch.setattr(timing, "time_fn", fake_time_fn)
     before = devices.float32_settings()
     ceilings = {"flops_per_s": {"float32": 1e11}, "bytes_per_s": 1e10, "op_s": 1e-6, "device": "cpu"}
-    speedoflight.check_predictions({"mm": dict(fn=torch.mm, args=[torch.randn(8, 8), torch.randn(8, 8)])}, "cpu",
+    predictions.check_predictions({"mm": dict(fn=torch.mm, args=[torch.randn(8, 8), torch.randn(8, 8)])}, "cpu",
                                    ceilings=ceilings, gpus=("T4",))
     assert seen and all("tf32" not in s.values() for s in seen), seen  # "none": the parent's, true fp32
     assert devices.float32_settings() == before
