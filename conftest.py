@@ -124,3 +124,20 @@ def executed_notebooks(prefixes=None) -> tuple[Path, Path]:
                     str(out)] + (["--only", ",".join(sorted(prefixes))] if prefixes else []), check=True)
     return out / "notebooks", out / "results"
 
+
+def checkout_files() -> dict:
+    """Every file of the checkout (ignored ones and .venv included, .git not) with its size and mtime: taken before
+    and after a run that must write nothing into the checkout (gpu-check, a hosted lesson)."""
+    import contextlib
+
+    found = {}
+    for folder, dirs, files in os.walk(ROOT):
+        if Path(folder) == ROOT:
+            dirs[:] = [d for d in dirs if d != ".git"]
+        for f in files:
+            path = os.path.join(folder, f)
+            with contextlib.suppress(OSError):
+                st = os.lstat(path)
+                found[os.path.relpath(path, ROOT)] = (st.st_size, st.st_mtime_ns)
+    return found
+

@@ -5,7 +5,6 @@ project's .venv, as a GPU node's site Python has them) and none of the Jupyter t
 from a wheelhouse with --no-index into its scratch folder, leave the node's Python as it was, run a notebook
 through that path (on the CPU, allowed explicitly), and refuse in one line when no GPU is there.
 """
-import contextlib
 import json
 import os
 import re
@@ -15,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import checkout_files
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
@@ -77,25 +77,11 @@ def test_gpu_check_refuses_without_a_gpu_in_one_line(node, tmp_path):
     assert not (tmp_path / "out").exists(), "nothing is written before the checks pass"
 
 
-def _tree(root: Path) -> dict:
-    """Every file under ``root`` (ignored ones and .venv included, .git not) with its size and mtime."""
-    found = {}
-    for folder, dirs, files in os.walk(root):
-        if Path(folder) == root:
-            dirs[:] = [d for d in dirs if d != ".git"]
-        for f in files:
-            path = os.path.join(folder, f)
-            with contextlib.suppress(OSError):
-                st = os.lstat(path)
-                found[os.path.relpath(path, root)] = (st.st_size, st.st_mtime_ns)
-    return found
-
-
 def test_gpu_check_installs_tools_from_wheelhouse_and_runs_a_notebook(node, tmp_path):
     out = tmp_path / "out"
-    before = _tree(ROOT)
+    before = checkout_files()
     run = _gpu_check(node, out, "DEVICE=cpu", "ALLOW_CPU=1", "QUICK=1", "ONLY=00,05", "BENCH=0")  # no CIFAR10
-    after = _tree(ROOT)
+    after = checkout_files()
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
     assert changed == [], f"gpu-check wrote into the repository (everything belongs under OUT): {changed[:20]}"

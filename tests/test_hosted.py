@@ -4,12 +4,12 @@ tools/hosted_check.py builds the stand-in: a fresh Python with torch and the Jup
 wheel of this checkout, the notebook alone in an empty folder. `make hosted-check` runs every lesson that way.
 """
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import checkout_files
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
@@ -26,21 +26,6 @@ DEAD_PROXY = "http://127.0.0.1:9"  # no network: every connection is refused at 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
     return hosted_check.build_wheel(tmp_path_factory.mktemp("wheel"))
-
-
-def _checkout_files() -> dict:
-    """Every file of the checkout but .git, with its size and modification time."""
-    found = {}
-    for folder, dirs, files in os.walk(ROOT):
-        dirs[:] = [d for d in dirs if not (Path(folder) == ROOT and d == ".git")]
-        for f in files:
-            path = os.path.join(folder, f)
-            try:
-                st = os.lstat(path)
-            except OSError:
-                continue
-            found[path] = (st.st_size, st.st_mtime_ns)
-    return found
 
 
 def test_first_cell_offline_without_course_source_fails_in_one_line(tmp_path):
@@ -61,14 +46,14 @@ def test_first_cell_offline_without_course_source_fails_in_one_line(tmp_path):
 
 def test_a_lesson_alone_in_an_empty_folder_installs_the_course_and_runs(wheel, tmp_path):
     python = hosted_check.runtime_python(tmp_path)
-    before = _checkout_files()
+    before = checkout_files()
     r = hosted_check.run_lesson(python, LESSON, tmp_path / "lesson", hosted_check.runtime_env(tmp_path, str(wheel)))
     assert r["ok"], r["log"]
     assert r["installed"].startswith("Successfully installed gpu-training-course-"), r["installed"]
     assert r["kept"], f"the first cell must install no torch, torchvision or numpy: {r['installed']}"
     record = json.loads((tmp_path / "lesson" / "build" / "results" / f"{LESSON.stem}.json").read_text())
     assert record["quick"] is True and record["notebook"] == LESSON.stem
-    after = _checkout_files()
+    after = checkout_files()
     changed = sorted(p for p in set(before) | set(after) if before.get(p) != after.get(p))
     assert changed == [], f"the hosted run wrote into the checkout: {changed[:10]}"
     # what the lesson read came from the installed package, which ships what lessons read and not the tools' data
