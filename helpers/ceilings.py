@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from .devices import float32_precision
+from .devices import float32_precision, half_precision
 from .results import cache_dir, course_file
 
 SCHEMA = 1
@@ -72,7 +72,10 @@ def matmul_peak(device, dtypes=None, sizes=None, min_run_time: float = 0.1) -> d
     """The best matmul FLOP/s per dtype over several square sizes, with every size's rate (notebook 08).
 
     Uses ``helpers.regimes.matmul_rate``. ``"tf32"`` is fp32 inputs with TF32 tensor cores allowed, ``"float32"``
-    true fp32 (``helpers.devices.float32_precision``); a dtype the device cannot multiply is skipped.
+    true fp32 (``helpers.devices.float32_precision``); a dtype the device cannot multiply is skipped. A half
+    precision the device only emulates (bf16 on a CPU without bf16 instructions: about 1 GFLOP/s on a 2-core AMD
+    EPYC, 100 times slower than its fp32; bf16 below compute capability 8.0) is timed at the smallest size alone and
+    marked ``"emulated"``: at the largest, one product takes seconds.
     """
     from .regimes import matmul_rate
 
@@ -80,14 +83,16 @@ def matmul_peak(device, dtypes=None, sizes=None, min_run_time: float = 0.1) -> d
     best, points = {}, []
     for name in dtypes or MATMUL_DTYPES.get(device.type, ("float32",)):
         dtype = torch.float32 if name == "tf32" else getattr(torch, name)
+        emulated = dtype == torch.bfloat16 and half_precision(device) != torch.bfloat16
+        all_sizes = sizes or MATMUL_SIZES.get(device.type, (1024,))
         with float32_precision("tf32" if name == "tf32" else "ieee"):
-            for n in sizes or MATMUL_SIZES.get(device.type, (1024,)):
+            for n in all_sizes[:1] if emulated else all_sizes:
                 try:
                     rate = matmul_rate(n, device, dtype=dtype, min_run_time=min_run_time)["gflops"] * 1e9
                 except (RuntimeError, TypeError) as err:  # a dtype this device has no matmul for
                     points.append({"dtype": name, "n": n, "error": str(err).splitlines()[0][:120]})
                     break
-                points.append({"dtype": name, "n": n, "flops_per_s": rate})
+                points.append({"dtype": name, "n": n, "flops_per_s": rate, **({"emulated": True} if emulated else {})})
                 best[name] = max(best.get(name, 0.0), rate)
     return {"flops_per_s": best, "matmul": points}
 

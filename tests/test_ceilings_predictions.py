@@ -113,6 +113,21 @@ def test_matmul_peak_is_the_best_of_several_sizes():
     assert found["flops_per_s"] == {"float32": max(rates)}
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_an_emulated_bf16_is_timed_at_the_smallest_size_only(monkeypatch, native):
+    """A CPU without bf16 instructions multiplies bf16 about 100 times slower than fp32 (2-core AMD EPYC without
+    AVX-512 BF16): at the largest size one product took seconds and the ceilings step of gpu-check ran past its
+    5-minute limit. Forced both ways here, whatever this CPU has."""
+    import helpers.devices
+
+    monkeypatch.setattr(helpers.devices, "cpu_bf16_native", lambda: native)
+    found = ceilings.matmul_peak("cpu", dtypes=("float32", "bfloat16"), sizes=(32, 64), min_run_time=0.01)
+    bf16 = [p for p in found["matmul"] if p["dtype"] == "bfloat16"]
+    assert [p["n"] for p in bf16] == ([32, 64] if native else [32])
+    assert all(p.get("emulated", False) is not native for p in bf16)
+    assert len([p for p in found["matmul"] if p["dtype"] == "float32"]) == 2
+
+
 def test_the_copy_is_far_larger_than_the_caches(monkeypatch):
     monkeypatch.setattr(ceilings, "last_level_cache_bytes", lambda device: 512 * 2**20)
     n = ceilings.copy_elements(torch.device("cpu"))
