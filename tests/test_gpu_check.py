@@ -134,16 +134,20 @@ def test_merge_runs_makes_one_report_of_two_halves(tmp_path):
     assert merge_runs.main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "x")]) == 2
 
 
-def test_node_preflight_names_a_missing_compiler(monkeypatch):
+def test_node_preflight_names_a_missing_compiler(monkeypatch, tmp_path, capsys):
     sys.path.insert(0, str(ROOT / "tools"))
     try:
-        import preflight_node
+        import preflight
     finally:
         sys.path.remove(str(ROOT / "tools"))
     monkeypatch.setenv("CC", "/nonexistent/cc")
-    assert "C compiler" in preflight_node.compiler_problem()
-    monkeypatch.setattr(preflight_node, "pinned", lambda: {"pytest": "999.0"})
-    assert "pytest" in preflight_node.outdated_tools()
+    assert "C compiler" in preflight.compiler_problem()
+    monkeypatch.setattr(preflight, "pinned", lambda: {"pytest": "999.0"})
+    assert "pytest" in preflight.outdated_tools()
+    found = preflight.node(tmp_path, "cpu")
+    assert found["no_compile"] and set(found["outdated"]) == {"pytest"}
+    assert any(line.startswith("PROBLEM: pytest") for line in found["lines"])
+    assert "gpu-check: pre-flight: PROBLEM: torch.compile cannot" in capsys.readouterr().out
 
 
 def test_a_relative_out_is_the_callers_folder_for_the_notebook_run(tmp_path, monkeypatch):

@@ -1,7 +1,7 @@
 """The notebooks' shape and output policy, and papermill runs. nbval itself executes every notebook.
 
 Policy: notebooks are committed without outputs, except cells marked `# NBVAL_CHECK_OUTPUT`, which keep
-their (deterministic) outputs so nbval proves them still true. `tools/store_checked_outputs.py` writes them.
+their (deterministic) outputs so nbval proves them still true. `tools/run_notebook.py --store` writes them.
 """
 import ast
 import json
@@ -51,10 +51,10 @@ def test_notebook_structure_and_output_policy(path):
         assert not (checked and IGNORE in cell.source), f"cell {i}: both CHECK and IGNORE"
         if checked:
             assert cell.outputs and cell.execution_count, \
-                f"{path.name} cell {i} is NBVAL_CHECK_OUTPUT but has no stored output: run tools/store_checked_outputs.py"
+                f"{path.name} cell {i} is NBVAL_CHECK_OUTPUT but has no stored output: run tools/run_notebook.py --store"
         else:
             assert not cell.outputs and cell.execution_count is None, \
-                f"{path.name} cell {i} has stored output but is not NBVAL_CHECK_OUTPUT: run tools/store_checked_outputs.py"
+                f"{path.name} cell {i} has stored output but is not NBVAL_CHECK_OUTPUT: run tools/run_notebook.py --store"
         assert all(o.get("output_type") != "error" for o in cell.outputs), f"cell {i} stores an error"
 
 

@@ -391,3 +391,25 @@ def test_the_site_drops_the_test_suites_markers_from_code():
     build_site.strip_test_markers(nb)
     assert [c.source for c in nb.cells] == ["x = 1  # NBVAL_ stays\n", "print(2)",
                                             "# NBVAL_IGNORE_OUTPUT in prose stays"]
+
+
+def test_an_executed_copy_is_stale_only_when_its_cells_differ(tmp_path):
+    """One rule of staleness for the site and the course map (course_times.notebook_hash): an executed copy with
+    outputs, papermill's metadata and its injected parameters is current; an edited cell makes it stale; a
+    missing copy is stale. File times do not count (a fresh clone gives every file a new one)."""
+    import nbformat
+
+    build_site = _build_site()
+    source = ROOT / "notebooks" / "00_getting_started.ipynb"
+    nb = nbformat.read(source, as_version=4)
+    nb.metadata["papermill"] = {"parameters": {"quick": True}}
+    nb.cells.insert(3, nbformat.v4.new_code_cell("quick = True", metadata={"tags": ["injected-parameters"]}))
+    nb.cells[4].outputs = [nbformat.v4.new_output("stream", text="measured\n")]
+    nbformat.write(nb, tmp_path / source.name)
+    stale = lambda: "00" in build_site.stale(tmp_path)  # noqa: E731
+    assert not stale()
+    nb.cells[-1].source += "\n# edited"
+    nbformat.write(nb, tmp_path / source.name)
+    assert stale()
+    (tmp_path / source.name).unlink()
+    assert stale()

@@ -3,8 +3,8 @@
     python tools/build_site.py [--notebooks build/notebooks] [--results build/results] [--out build/site]
                                [--quick] [--no-run]
 
-Executed notebooks come from `make run` (build/notebooks/): a notebook whose executed copy is missing or older
-than its source is run first with tools/run_course.py (full mode; --quick for quick mode), unless --no-run.
+Executed notebooks come from `make run` (build/notebooks/): a notebook whose executed copy is missing or made from
+other cells than its source has now is run first with tools/run_course.py (full mode; --quick for quick mode), unless --no-run.
 Each lesson page opens with a line naming the hardware, torch version, mode and date its outputs came from
 (from the notebook's results file), and the exercises' solutions are not shown. The generator is Sphinx with
 MyST-NB and the Sphinx Book Theme, all from the `site` extra: they build offline (no theme or template is fetched
@@ -24,6 +24,7 @@ from pathlib import Path
 
 import nbformat
 
+from course_times import notebook_hash  # (tools/ is the script's folder: first on sys.path)
 from helpers.text import wrap
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,13 +88,10 @@ def source_notebooks() -> list[Path]:
 
 
 def stale(executed_dir: Path) -> list[str]:
-    """Notebook prefixes whose executed copy is missing or older than the source notebook."""
-    out = []
-    for nb in source_notebooks():
-        done = executed_dir / nb.name
-        if not done.exists() or done.stat().st_mtime < nb.stat().st_mtime:
-            out.append(nb.name[:2])
-    return out
+    """Notebook prefixes whose executed copy is missing or was made from other cells than the source has now (the
+    one rule of staleness, ``course_times.notebook_hash``: outputs and metadata do not count)."""
+    return [nb.name[:2] for nb in source_notebooks() if not (executed_dir / nb.name).exists()
+            or notebook_hash(executed_dir / nb.name) != notebook_hash(nb)]
 
 
 def provenance(results_dir: Path, stem: str, nb) -> str:
@@ -280,7 +278,7 @@ def main(argv=None) -> int:
     results = Path(args.results).resolve() if args.results else executed.parent / "results"
     todo = stale(executed)
     if todo and not args.no_run:
-        print(f"Running {', '.join(todo)} first (their executed copies are missing or older than the source)")
+        print(f"Running {', '.join(todo)} first (their executed copies are missing or made from other cells)")
         cmd = [sys.executable, str(ROOT / "tools" / "run_course.py"), "--only", ",".join(todo), "--device",
                args.device, "--out", str(executed.parent)] + (["--quick"] if args.quick else [])
         rc = subprocess.run(cmd).returncode

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 sys.dont_write_bytecode = True  # no __pycache__ from this process in the repository (its children write under OUT)
-from preflight_node import dist_key, installed_version, node_preflight  # noqa: E402 beside this script; stdlib only
+from preflight import dist_key, installed_version, node  # noqa: E402 beside this script; stdlib only
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK_TOOLS = ("papermill", "nbclient", "nbformat", "ipykernel", "jupyter_client")
@@ -194,7 +194,7 @@ def main(argv=None) -> int:
     device = check_device(args.device, args.allow_cpu)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    pre = node_preflight(out, device)
+    pre = node(out, device)
     (out / "preflight.txt").write_text("\n".join(pre["lines"]) + "\n", encoding="utf-8")
     site = out / "site"
     installed = install_tools(Path(args.wheelhouse), site, set(pre["outdated"]))

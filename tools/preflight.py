@@ -1,4 +1,5 @@
-"""Pre-flight check of one machine before a workshop (`make check`): is this machine ready for the course?
+"""Pre-flight checks: is this machine ready for the course (`make check`), and what on a GPU node would spoil
+`make gpu-check` (its node section, ``node()``, which tools/gpu_check.py calls first)?
 
     python tools/preflight.py [--out build/preflight.md] [--data-dir data] [--no-network]
 
@@ -6,19 +7,23 @@ Prints and writes a Markdown report: Python, torch and CUDA versions; each GPU (
 bf16 support) and the CPU's matmul; a 2-process all-reduce through torchrun (nccl on 2+ GPUs, gloo otherwise);
 JupyterLab and the course kernel; CIFAR-10 present (or its download reachable); Japanese Vowels' checksums; free
 disk. Then one line per problem with its fix. Exit status 1 if any problem blocks the course, else 0.
-Takes well under 2 minutes (the all-reduce starts two Python processes).
+Takes well under 2 minutes (the all-reduce starts two Python processes). Module level is standard library only.
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
 import importlib.util
+import math
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
+import sysconfig
 import time
+from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,15 +32,23 @@ MIN_FREE_GB = 5  # executed notebooks, checkpoints and CIFAR-10 (~200 MB) fit ea
 
 
 class Report:
-    def __init__(self):
-        self.lines, self.problems = [], []
+    """Facts and problems as they are found; ``prefix`` (gpu-check's node section) prints each one at once."""
+
+    def __init__(self, prefix: str | None = None):
+        self.lines, self.problems, self.printed, self.prefix = [], [], [], prefix
+
+    def _print(self, text: str) -> None:
+        self.printed.append(text)
+        print(f"{self.prefix}{text}", flush=True)
 
     def fact(self, name: str, value: str) -> None:
         self.lines.append(f"| {name} | {value} |")
-        print(f"  {name:<28} {value}", flush=True)
+        self._print(f"{name}: {value}") if self.prefix else print(f"  {name:<28} {value}", flush=True)
 
     def problem(self, level: str, what: str, fix: str) -> None:
         self.problems.append((level, what, fix))
+        if self.prefix:
+            self._print(f"PROBLEM: {what} ({fix})")
 
     def markdown(self) -> str:
         out = ["# Pre-flight check", "", "| check | result |", "|---|---|", *self.lines, ""]
@@ -173,12 +186,113 @@ def check_vowels(r: Report, data_dir: Path) -> None:
                   f"restore the shipped files: `git checkout -- {data_dir.relative_to(ROOT) if data_dir.is_relative_to(ROOT) else data_dir}`")
 
 
-def check_disk(r: Report) -> None:
-    free = shutil.disk_usage(ROOT).free / 2**30
-    r.fact("free disk", f"{free:.1f} GiB at {ROOT}")
-    if free < MIN_FREE_GB:
-        r.problem(BLOCKS, f"only {free:.1f} GiB free (the course wants {MIN_FREE_GB} GiB: executed notebooks, "
+def check_disk(r: Report, where: Path = ROOT, min_gb: float = MIN_FREE_GB) -> None:
+    free = shutil.disk_usage(where).free / 2**30
+    r.fact("free disk", f"{free:.1f} GiB at {where}")
+    if free < min_gb:
+        r.problem(BLOCKS, f"only {free:.1f} GiB free (the course wants {min_gb} GiB: executed notebooks, "
                           "checkpoints, CIFAR-10)", "free some disk, or `make clean` to remove old build/ outputs")
+
+
+# --- the node section: the first seconds of `make gpu-check` (standard library only: it runs before the notebook
+# tools are installed). It prints one line per fact or problem and returns what the run adjusts.
+
+PINS = Path(__file__).resolve().parent / "gpu-check-requirements.txt"
+MIN_SHM_MB = 1024       # DataLoader workers hand batches over through /dev/shm
+NODE_MIN_FREE_GB = 2    # executed notebooks, CIFAR-10 extracted (~200 MB), caches
+
+
+def dist_key(name: str) -> str:
+    """A distribution's name as pip compares them (``Jupyter-Client`` and ``jupyter_client`` are one)."""
+    return re.sub(r"[-_.]+", "_", name.strip()).lower()
+
+
+def installed_version(name: str) -> str | None:
+    """The version of distribution ``name`` this Python has, or None."""
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def pinned() -> dict:
+    """``{distribution: version}`` of the wheelhouse's pins (tools/gpu-check-requirements.txt)."""
+    lines = PINS.read_text(encoding="utf-8").splitlines()
+    return {dist_key(n): v.strip() for n, v in (l.split("==", 1) for l in lines
+                                                 if "==" in l and not l.lstrip().startswith("#"))}
+
+
+def outdated_tools() -> dict:
+    """Pinned tools this Python has in an OLDER version than the pin: ``{name: (installed, pinned)}``."""
+    numbers = lambda text: tuple(int(p) for p in re.findall(r"\d+", text)[:4])  # noqa: E731
+    have = {name: installed_version(name) for name in pinned()}
+    return {n: (have[n], v) for n, v in pinned().items() if have[n] and numbers(have[n]) < numbers(v)}
+
+
+def cpu_quota() -> float | None:
+    """CPUs the cgroup lets this process use (``cpu.max`` of cgroup v2, or v1's quota/period); None: no limit."""
+    for files in (["cpu.max"], ["cpu/cpu.cfs_quota_us", "cpu/cpu.cfs_period_us"]):
+        try:
+            quota, period = " ".join(Path("/sys/fs/cgroup", f).read_text() for f in files).split()[:2]
+            return None if quota == "max" or int(quota) <= 0 else int(quota) / int(period)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def compiler_problem() -> str | None:
+    """Why inductor (torch.compile) cannot build kernels here, or None: it needs a C compiler and Python.h."""
+    cc = os.environ.get("CC") or next((c for c in ("cc", "gcc", "clang") if shutil.which(c)), None)
+    header = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    missing = ([] if cc and shutil.which(cc.split()[0]) else ["a C compiler (cc/gcc/clang)"]) + (
+        [] if header.exists() else [f"Python.h ({header})"])
+    return " and ".join(missing) if missing else None
+
+
+def compute_modes() -> list:
+    """Each GPU's compute mode from nvidia-smi (empty without it)."""
+    try:
+        run = subprocess.run(["nvidia-smi", "--query-gpu=index,compute_mode", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.strip() for line in run.stdout.splitlines() if line.strip()]
+
+
+def node(out: Path, device: str) -> dict:
+    """Print the node's facts and problems; return ``{"lines", "threads", "no_workers", "no_compile", "outdated"}``."""
+    r, found = Report("gpu-check: pre-flight: "), {"threads": None, "no_workers": False, "no_compile": False}
+    r.fact("Python", f"{sys.version.split()[0]} at {sys.executable}")
+    found["no_compile"] = bool(compiler_problem())
+    r.fact("C compiler and Python.h", f"missing {compiler_problem()}" if found["no_compile"] else "found")
+    if found["no_compile"]:
+        r.problem(WARNS, "torch.compile cannot build kernels here: the compile rows of lessons 08 and 10 will be "
+                         "missing", "the run sets COURSE_NO_COMPILE=1 and goes on")
+    shm_mb = shutil.disk_usage("/dev/shm").total / 2**20 if Path("/dev/shm").exists() else None
+    r.fact("/dev/shm", f"{shm_mb:.0f} MB" if shm_mb is not None else "none")
+    if shm_mb is not None and shm_mb < MIN_SHM_MB:
+        found["no_workers"] = True
+        r.problem(WARNS, f"/dev/shm under {MIN_SHM_MB} MB: DataLoader workers hand batches over through it and "
+                         "can die with a bus error", "the run sets COURSE_LOADER_WORKERS=0")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    quota = cpu_quota()
+    r.fact("CPU cores", f"{cores} in the affinity mask, cgroup quota " + (f"{quota:g} CPUs" if quota else "none"))
+    if quota and math.ceil(quota) < cores:
+        found["threads"] = max(1, math.ceil(quota))
+        r.problem(WARNS, f"the quota ({quota:g} CPUs) is below the {cores} cores PyTorch would use: threads would "
+                         "fight for it", f"the run sets OMP_NUM_THREADS={found['threads']}")
+    for mode in compute_modes() if device.startswith("cuda") else []:
+        r.fact("GPU compute mode", mode)
+        if "exclusive" in mode.lower():
+            r.problem(WARNS, "an exclusive-process GPU holds one CUDA context: the notebook's kernel and a torchrun "
+                             "child cannot share it, so lesson 05's DDP runs and 09's sharding run will fail",
+                      "set the GPU's compute mode to Default (the run goes on)")
+    check_disk(r, out, NODE_MIN_FREE_GB)
+    found["outdated"] = outdated_tools()
+    for name, (have, pin) in found["outdated"].items():
+        r.problem(WARNS, f"{name} {have} is older than the wheelhouse's {pin}",
+                  f"the run installs {pin} into OUT/site, which comes first on PYTHONPATH")
+    return dict(found, lines=r.printed)
 
 
 def main(argv=None) -> int:
