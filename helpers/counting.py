@@ -24,8 +24,6 @@ Counting costs time (a Python call per operator): count once per run, outside an
 """
 from __future__ import annotations
 
-import copy
-import inspect
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
@@ -252,37 +250,15 @@ class StepWork:
         return asdict(self)
 
 
-def _rebuilt_optimizer(optimizer, params, foreach: bool = False):
-    """A fresh optimizer of the same kind and first-group settings, for the copied parameters; ``foreach``: its
-    groups that leave the choice to PyTorch (``foreach=None``, not fused) run the foreach kernels, as on a GPU."""
-    if optimizer is None:
-        built = torch.optim.SGD(params, lr=0.01)
-    elif isinstance(optimizer, torch.optim.Optimizer):
-        # the constructor's own settings only: a scheduler adds keys of its own (initial_lr, max_lr, ...), and
-        # AdamW's defaults hold decoupled_weight_decay, which its constructor does not take
-        accepted = inspect.signature(type(optimizer)).parameters
-        settings = {k: v for k, v in optimizer.param_groups[0].items() if k in optimizer.defaults and k in accepted}
-        built = type(optimizer)(params, **settings)
-    else:
-        built = optimizer(params)  # a class or a factory
-    for group in built.param_groups if foreach and isinstance(built, torch.optim.Optimizer) else ():
-        # torch.optim's own default (optimizer.py, _default_to_fused_or_foreach): foreach when every parameter is
-        # on a device with foreach kernels (CUDA, not a CPU) and the optimizer is not differentiable
+def _foreach(optimizer) -> None:
+    """Let the optimizer's groups that leave the choice to PyTorch (``foreach=None``, not fused) run the foreach
+    kernels, as on a GPU: torch.optim's own default (optimizer.py, ``_default_to_fused_or_foreach``) picks foreach
+    when every parameter is on a device with foreach kernels (CUDA, not a CPU) and the optimizer is not
+    differentiable."""
+    for group in optimizer.param_groups:
         if "foreach" in group and group["foreach"] is None and not group.get("fused") \
                 and not group.get("differentiable"):
             group["foreach"] = True
-    return built
-
-
-def _prepared(model: nn.Module, batch, device, optimizer, channels_last: bool, foreach: bool = False):
-    """A copy of ``model`` on ``device`` with its own optimizer, and the host batch (channels_last if asked)."""
-    model = copy.deepcopy(model)
-    *inputs, target = batch
-    if channels_last:
-        model = model.to(memory_format=torch.channels_last)
-        inputs = [x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x for x in inputs]
-    model.to(device).train()
-    return model, _rebuilt_optimizer(optimizer, model.parameters(), foreach), (*inputs, target)
 
 
 def count_step(model: nn.Module, batch, device: str | torch.device = "cpu", *, optimizer=None, loss_fn=None,
@@ -292,25 +268,21 @@ def count_step(model: nn.Module, batch, device: str | torch.device = "cpu", *, o
 
     The step is ``helpers.step.optimizer_step`` on ``batch = (*inputs, target)``, copied from the host inside the
     counted step (as ``fit`` does; ``host_inputs`` stay on the host), with the arguments of
-    ``helpers.timing.time_train_step`` so the same step can be counted and timed. It runs on a *copy* of the model
-    with a fresh optimizer of the same kind (``optimizer``: an instance, a class, or None for ``SGD(lr=0.01)``), so
-    the model you pass is not trained. ``warmup`` uncounted steps first create the optimizer's state.
+    ``helpers.timing.time_train_step`` so the same step can be counted and timed (both prepare it with
+    ``helpers.step.train_step``). It runs on a *copy* of model and optimizer, the optimizer's state cleared
+    (``optimizer``: an instance, a class, or None for ``SGD(lr=0.01)``), so the model you pass is not trained. ``warmup`` uncounted steps first create the optimizer's state.
     ``foreach=True`` counts the optimizer as it runs on a CUDA GPU: ``torch.optim`` picks its foreach kernels there
     (a few operators over all parameters) and a for-loop (operators per parameter) on a CPU; use it for a count made
     on a CPU that predicts a GPU (``helpers.predictions``).
     """
-    from .devices import pick_device
-    from .step import make_scaler, optimizer_step, resolve_amp, split_batch
+    from .step import train_step
 
-    device = pick_device(device)
-    model, opt, host = _prepared(model, batch, device, optimizer, channels_last, foreach)
-    loss_fn, dtype = loss_fn or nn.CrossEntropyLoss(), resolve_amp(amp, device)
-    scaler = make_scaler(device, dtype)
-
-    def step():
-        ins, tgt = split_batch(host, device, host_inputs)
-        optimizer_step(model, opt, ins, tgt, loss_fn=loss_fn, scaler=scaler, device=device, dtype=dtype)
-
+    prepared = train_step(model, optimizer, batch, device, loss_fn=loss_fn, amp=amp, host_inputs=host_inputs,
+                          channels_last=channels_last, copy=True)
+    if foreach:
+        _foreach(prepared.optimizer)
+    device, host = prepared.device, prepared.host
+    step = lambda: prepared(host)  # noqa: E731 - the copy from the host is part of the counted step
     for _ in range(warmup):
         step()
     with FlopCounterMode(display=False, custom_mapping=ANALYTIC_OPS) as flop_counter:

@@ -45,7 +45,7 @@ from .profiling import (
     out_of_memory,
     profiler_peak_mb,
 )
-from .step import make_scaler, optimizer_step, resolve_amp, split_batch
+from .step import make_scaler, optimizer_step, resolve_amp, split_batch, train_step
 from .training import rng_state, set_rng_state
 
 LESSON = {"threads": "01 and 02", "workers": "04", "decoded": "04", "pinned": "03", "amp": "06",
@@ -298,25 +298,22 @@ class _Bench:
 
     def model_side(self, batches=None, amp=None, channels_last=False, compiled=False) -> _Side:
         """The model alone on batches already on the device, in turn, on a fresh copy of model and optimizer."""
-        model, opt = copy.deepcopy((self.model, self.optimizer))
+        step = train_step(self.model, self.optimizer, self.host_batch, self.device, loss_fn=self.loss_fn,
+                          amp=amp or False, host_inputs=self.host_inputs, channels_last=channels_last, copy=True)
         batches = self.batches if batches is None else batches
         if channels_last:
-            model = model.to(memory_format=torch.channels_last)
             batches = [[x.contiguous(memory_format=torch.channels_last) if isinstance(x, torch.Tensor) and x.dim() == 4
                         else x for x in batch] for batch in batches]
-        model = torch.compile(model) if compiled else model
-        dtype = resolve_amp(amp, self.device) if amp else None
-        scaler = make_scaler(self.device, dtype)
+        step.model = torch.compile(step.model) if compiled else step.model
         turn = iter(())
 
         def run(n):
             nonlocal turn
             t0, items = time.perf_counter(), 0
             for _ in range(n):
-                *inputs, target = next(turn, None) or next(turn := iter(batches))
-                optimizer_step(model, opt, inputs, target, loss_fn=self.loss_fn, scaler=scaler, device=self.device,
-                               dtype=dtype)
-                items += int(target.shape[0])
+                batch = next(turn, None) or next(turn := iter(batches))
+                step(batch)
+                items += _items(batch)
             synchronize(self.device)
             return time.perf_counter() - t0, items
         return _Side(run)
@@ -325,17 +322,17 @@ class _Bench:
         """The real loop: batches from ``loader`` (default the learner's), copied and stepped, no sync inside;
         with ``threads`` torch threads (default: as set)."""
         loader = self.loader if loader is None else loader
-        model, opt, batches = *copy.deepcopy((self.model, self.optimizer)), forever(loader)
-        scaler = make_scaler(self.device, None)
+        batches = forever(loader)
+        step = train_step(self.model, self.optimizer, self.host_batch, self.device, loss_fn=self.loss_fn,
+                          host_inputs=self.host_inputs, copy=True)
 
         def run(n):
             with _threads(threads):
                 t0, items = time.perf_counter(), 0
                 for _ in range(n):
-                    inputs, target = split_batch(next(batches), self.device, self.host_inputs)
-                    optimizer_step(model, opt, inputs, target, loss_fn=self.loss_fn, scaler=scaler,
-                                   device=self.device)
-                    items += int(target.shape[0])
+                    batch = next(batches)
+                    step(batch)
+                    items += _items(batch)
                 synchronize(self.device)
                 return time.perf_counter() - t0, items
         return _Side(run, skip=_prefetched(loader))
@@ -463,18 +460,6 @@ def _core(b: _Bench, budget_s: float, first_s: float) -> tuple[dict, dict, dict,
     return phase_ms, rates, spread, overlap
 
 
-def _same_kind(optimizer):
-    """A factory of optimizers like ``optimizer`` (its class, its first group's constructor settings) for
-    ``count_step``: the constructor's own arguments only, as some defaults (AdamW's ``decoupled_weight_decay``)
-    are not arguments of the constructor."""
-    import inspect
-
-    kind = type(optimizer)
-    accepted = inspect.signature(kind.__init__).parameters
-    settings = {k: v for k, v in optimizer.param_groups[0].items() if k in optimizer.defaults and k in accepted}
-    return lambda params: kind(params, **settings)
-
-
 def _floors(b: _Bench, rates: dict) -> dict:
     """The model step's floors (``predictions.predict_step`` of ``counting.count_step`` on this machine's
     ``measured_ceilings``): operators × cost per operator, FLOPs at the matmul peak, bytes at the bandwidth; their
@@ -484,7 +469,7 @@ def _floors(b: _Bench, rates: dict) -> dict:
         from .counting import count_step
         from .predictions import predict_step
 
-        work = count_step(b.model, b.host_batch, b.device, optimizer=_same_kind(b.optimizer), loss_fn=b.loss_fn,
+        work = count_step(b.model, b.host_batch, b.device, optimizer=b.optimizer, loss_fn=b.loss_fn,
                           host_inputs=b.host_inputs)
         ceilings = measured_ceilings(b.device)
         pred, dtype = predict_step(work, ceilings), main_dtype(work)

@@ -7,6 +7,7 @@ Batches are tuples ``(*inputs, target)``; the model is called as ``model(*inputs
 """
 from __future__ import annotations
 
+from copy import deepcopy
 from typing import Callable
 
 import torch
@@ -76,18 +77,49 @@ def make_scaler(device: torch.device, dtype) -> torch.amp.GradScaler:
     return torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
 
 
-def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch, device="auto", *, loss_fn=None, amp=False,
-               host_inputs=()) -> Callable[[], torch.Tensor]:
-    """One fixed batch, moved to ``device`` once; returns a function doing one full training step on it.
+class PreparedStep:
+    """A model, its optimizer, loss, precision and one batch, ready on a device (``train_step`` makes it).
 
-    The step is the one ``fit`` takes (``optimizer_step``, a ``GradScaler`` with fp16 included), for timing
-    compute alone (no data loading) with ``helpers.timing.time_fn`` (notebooks 01, 02, 06).
+    Calling it takes one training step (``optimizer_step``, the step ``fit`` takes) and returns the loss: on the
+    prepared batch, already on the device, or on ``batch`` when given (moved first, as ``fit`` moves each batch).
+    ``host`` is the batch as given, on the host (pinned if asked).
+    """
+
+    def __init__(self, model, optimizer, loss_fn, device, dtype, host, host_inputs):
+        self.model, self.optimizer, self.loss_fn, self.device, self.dtype = model, optimizer, loss_fn, device, dtype
+        self.scaler, self.host, self.host_inputs = make_scaler(device, dtype), host, tuple(host_inputs)
+        self.inputs, self.target = split_batch(host, device, self.host_inputs)
+
+    def __call__(self, batch=None) -> torch.Tensor:
+        inputs, target = (self.inputs, self.target) if batch is None else split_batch(batch, self.device,
+                                                                                      self.host_inputs)
+        return optimizer_step(self.model, self.optimizer, inputs, target, loss_fn=self.loss_fn, scaler=self.scaler,
+                              device=self.device, dtype=self.dtype)[1]
+
+
+def train_step(model: nn.Module, optimizer, batch, device="auto", *, loss_fn=None, amp=False, host_inputs=(),
+               channels_last: bool = False, copy: bool = False, pinned: bool = False) -> PreparedStep:
+    """The one way the course prepares a training step: ``model`` and ``batch`` on ``device``, the optimizer, the
+    precision and its loss scaler; returns a ``PreparedStep`` whose call is one full step (notebooks 00, 02).
+
+    Timing (``helpers.timing.time_train_step``), counting (``helpers.counting.count_step``), diagnosing and
+    compiling a step all call it, so the step measured is the step trained. ``optimizer``: an instance, a class or
+    factory called with the parameters, or None for ``SGD(lr=0.01)``. ``copy=True`` steps a deep copy of model and
+    optimizer (state cleared, settings kept), leaving yours untrained. ``channels_last`` converts model and images;
+    ``pinned`` pins the host batch (notebook 03).
     """
     device = pick_device(device)
+    if copy:
+        model, optimizer = deepcopy((model, optimizer))  # the copied optimizer holds the copied parameters
+        if isinstance(optimizer, torch.optim.Optimizer):
+            optimizer.state.clear()
+    *inputs, target = batch
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+        inputs = [x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x for x in inputs]
     model.to(device).train()
-    loss_fn = loss_fn or nn.CrossEntropyLoss()
-    dtype = resolve_amp(amp, device)
-    scaler = make_scaler(device, dtype)
-    inputs, target = split_batch(batch, device, host_inputs)
-    return lambda: optimizer_step(model, optimizer, inputs, target, loss_fn=loss_fn, scaler=scaler, device=device,
-                                  dtype=dtype)[1]
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        optimizer = (optimizer or (lambda params: torch.optim.SGD(params, lr=0.01)))(model.parameters())
+    host = tuple(x.pin_memory() if pinned and isinstance(x, torch.Tensor) else x for x in (*inputs, target))
+    return PreparedStep(model, optimizer, loss_fn or nn.CrossEntropyLoss(), device, resolve_amp(amp, device), host,
+                        host_inputs)

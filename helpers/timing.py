@@ -121,30 +121,15 @@ def time_train_step(model: nn.Module, batch, device: str | torch.device = "auto"
     ``SGD(lr=0.01)``; ``channels_last`` converts model and images. The result's ``items_per_s`` is samples/s and,
     on CUDA, ``peak_memory_mb`` the peak allocated memory (notebooks 01-06).
     """
-    from .devices import pick_device
-    from .step import make_scaler, optimizer_step, resolve_amp, split_batch
+    from .step import train_step
 
-    device = pick_device(device)
-    *inputs, target = batch
-    if channels_last:
-        model = model.to(memory_format=torch.channels_last)
-        inputs = [x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x for x in inputs]
-    model.to(device).train()
-    optimizer = optimizer or torch.optim.SGD(model.parameters(), lr=0.01)
-    loss_fn, dtype = loss_fn or nn.CrossEntropyLoss(), resolve_amp(amp, device)
-    scaler = make_scaler(device, dtype)
-    host = [x.pin_memory() if pinned else x for x in (*inputs, target)]
-    fixed = split_batch(host, device, host_inputs)
-
-    def step():
-        ins, tgt = split_batch(host, device, host_inputs) if batch_on_host else fixed
-        return optimizer_step(model, optimizer, ins, tgt, loss_fn=loss_fn, scaler=scaler, device=device,
-                              dtype=dtype)[1]
-
+    prepared = train_step(model, optimizer, batch, device, loss_fn=loss_fn, amp=amp, host_inputs=host_inputs,
+                          channels_last=channels_last, pinned=pinned)
+    device, step = prepared.device, (lambda: prepared(prepared.host)) if batch_on_host else prepared
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     t = time_fn(step, device, label=label or "training step", warmup=warmup, min_run_time=min_run_time)
-    t.items = int(target.shape[0])
+    t.items = int(prepared.target.shape[0])
     t.peak_memory_mb = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
     return t
 

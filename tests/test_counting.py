@@ -221,9 +221,13 @@ def test_count_step_leaves_the_model_untrained_and_returns_plain_data():
 
 @pytest.mark.parametrize("make", [lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.1),
                                   lambda p: torch.optim.Adam(p, lr=1e-3, foreach=False)])
-def test_count_step_rebuilds_the_optimizer_from_its_own_settings(make):
-    """AdamW's defaults hold a key its constructor refuses (decoupled_weight_decay): the copy takes only what the
-    constructor accepts, so the step is counted (2·4·2 forward + weight gradient, no input gradient)."""
+def test_count_step_steps_a_copy_of_the_optimizer_whatever_its_settings(make):
+    """The optimizer is deep-copied with the model (helpers.step.train_step(copy=True)), never rebuilt from its
+    settings (AdamW's defaults hold a key its constructor refuses); its state is cleared and yours is untouched.
+    The step is counted: 2·4·2 forward + weight gradient, no input gradient."""
     model = nn.Linear(4, 2)
-    work = count_step(model, (torch.randn(3, 4), torch.tensor([0, 1, 0])), optimizer=make(model.parameters()))
+    optimizer = make(model.parameters())
+    before = [p.detach().clone() for p in model.parameters()]
+    work = count_step(model, (torch.randn(3, 4), torch.tensor([0, 1, 0])), optimizer=optimizer)
     assert work.flops == 2 * (2 * 3 * 4 * 2)
+    assert not optimizer.state and all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
