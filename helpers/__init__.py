@@ -14,8 +14,9 @@ LAYERS = (
     ("results files: save, load, where they go", ("results",)),
     ("the training step: precision, scaler, batch to the device, the step", ("step",)),
     ("synchronised clocks: time_fn, time_train_step", ("timing",)),
-    ("data, models, schedules; counting a step (FLOPs, bytes, operators); timed copies and operations",
-     ("labels", "vowels", "cifar10", "models", "schedules", "counting", "transfer", "regimes")),
+    ("data, models, schedules; counting a step (FLOPs, bytes, operators); timed copies and operations; "
+     "what torch.compile buys",
+     ("labels", "vowels", "cifar10", "models", "schedules", "counting", "transfer", "operations", "compiling")),
     ("measured and published ceilings, MFU; the profiler and memory; torchrun from a notebook",
      ("ceilings", "profiling", "launcher")),
     ("predictions on datasheet GPUs; the training loop (fit, evaluate, checkpoints); the small GPT and its "

@@ -3,7 +3,7 @@
 
 - ``measured_ceilings`` measures this machine once (the best matmul FLOP/s per dtype over a few large sizes, the
   memory bandwidth of a copy far larger than the caches, the cost of one tiny operator) with the measurements of
-  ``helpers.regimes``, and caches the result per machine and torch version in the user's cache folder;
+  ``helpers.operations``, and caches the result per machine and torch version in the user's cache folder;
 - ``datasheet`` reads ``data/gpu_datasheet.json``: dense peak FLOP/s per dtype, memory bandwidth and host link of the
   GPUs a learner may meet or rent, each number with its source; ``datasheet_ceilings`` turns an entry into ceilings;
 - ``mfu``: the model FLOPs a run achieved as a share of the dense peak of the dtype it ran in.
@@ -71,13 +71,13 @@ def copy_elements(device: torch.device) -> int:
 def matmul_peak(device, dtypes=None, sizes=None, min_run_time: float = 0.1) -> dict:
     """The best matmul FLOP/s per dtype over several square sizes, with every size's rate (notebook 08).
 
-    Uses ``helpers.regimes.matmul_rate``. ``"tf32"`` is fp32 inputs with TF32 tensor cores allowed, ``"float32"``
+    Uses ``helpers.operations.matmul_rate``. ``"tf32"`` is fp32 inputs with TF32 tensor cores allowed, ``"float32"``
     true fp32 (``helpers.devices.float32_precision``); a dtype the device cannot multiply is skipped. A half
     precision the device only emulates (bf16 on a CPU without bf16 instructions: about 1 GFLOP/s on a 2-core AMD
     EPYC, 100 times slower than its fp32; bf16 below compute capability 8.0) is timed at the smallest size alone and
     marked ``"emulated"``: at the largest, one product takes seconds.
     """
-    from .regimes import matmul_rate
+    from .operations import matmul_rate
 
     device = torch.device(device)
     best, points = {}, []
@@ -98,7 +98,7 @@ def matmul_peak(device, dtypes=None, sizes=None, min_run_time: float = 0.1) -> d
 
 
 def _measure(device: torch.device, min_run_time: float) -> dict:
-    from .regimes import copy_bandwidth, overhead_rate
+    from .operations import copy_bandwidth, overhead_rate
 
     t0 = time.perf_counter()
     found = matmul_peak(device, min_run_time=min_run_time)
@@ -114,8 +114,8 @@ def measured_ceilings(device="auto", *, refresh: bool = False, min_run_time: flo
     """This machine's measured ceilings for ``device``, measured once and then read from the cache (notebook 08).
 
     ``flops_per_s``: best matmul rate per dtype (``matmul_peak``); ``bytes_per_s``: a copy far larger than the
-    caches (``helpers.regimes.copy_bandwidth``, read + write counted); ``op_s``: seconds per tiny operator
-    (``helpers.regimes.overhead_rate``: Python, dispatch and, on a GPU, the launch, as the host issues them);
+    caches (``helpers.operations.copy_bandwidth``, read + write counted); ``op_s``: seconds per tiny operator
+    (``helpers.operations.overhead_rate``: Python, dispatch and, on a GPU, the launch, as the host issues them);
     ``launch_s``: the host's cost of a kernel launch beyond ``op_s``, 0 here (the tiny operator timed on the device
     in use already includes its launch); ``overlap``: whether the host runs ahead of
     the device (a GPU) or does the work itself (a CPU). Cached as JSON under ``cache_dir()`` keyed by

@@ -574,7 +574,7 @@ def _lever_channels_last(b: _Bench, share: float) -> dict | str:
 
 
 def _lever_compile(b: _Bench, share: float) -> dict | str:
-    from .regimes import require_compiler
+    from .compiling import require_compiler
 
     require_compiler()
     torch._dynamo.reset()

@@ -72,6 +72,7 @@ def _parse(argv):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--checkpoint", help="checkpoint file: written by rank 0 each epoch, resumed from if present")
     ap.add_argument("--val-limit", type=int, default=0, help="validate each epoch on a fixed random N test images (0: all)")
+    ap.add_argument("--test-limit", type=int, default=0, help="test once on a fixed random N test images (0: all)")
     ap.add_argument("--no-val", action="store_true", help="skip the per-epoch validation and the final test")
     ap.add_argument("--out", help="results JSON (written by rank 0)")
     ap.add_argument("--params-out", help="final parameters as a .pt file (rank 0)")
@@ -160,7 +161,8 @@ def _loaders(args, me: Rank, train, test):
                             pin_memory=me.device.type == "cuda", persistent_workers=args.workers > 0)
     test_ds = ImageTensorDataset(test, cifar10_transform(train=False))
     pin = me.device.type == "cuda"
-    test_loader = DataLoader(test_ds, batch_size=EVAL_BATCH, pin_memory=pin)
+    test_loader = DataLoader(_fixed_subset(test_ds, args.test_limit, VAL_SUBSET_SEED), batch_size=EVAL_BATCH,
+                             pin_memory=pin)
     val_loader = None
     if me.rank == 0 and not args.no_val:
         val_loader = DataLoader(_fixed_subset(test_ds, args.val_limit, VAL_SUBSET_SEED), batch_size=EVAL_BATCH,

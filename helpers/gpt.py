@@ -186,7 +186,7 @@ def _init(m: nn.Module) -> None:
 
 class ForCrossEntropy(nn.Module):
     """``model``'s logits as ``(B, vocab, T)``, the layout ``nn.CrossEntropyLoss`` takes for targets ``(B, T)``, so
-    the course's step tools (``timing.time_train_step``, ``counting.count_step``, ``regimes.compare_compiled``)
+    the course's step tools (``timing.time_train_step``, ``counting.count_step``, ``compiling.compare_compiled``)
     train the GPT unchanged. ``transpose`` is a view: no copy (notebook 11)."""
 
     def __init__(self, model: nn.Module):

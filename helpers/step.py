@@ -1,7 +1,7 @@
 """One training step of the course, the plain PyTorch one: precision, loss scaler, batch to the device, the step.
 
 Notebook 00 shows it; ``helpers.training.fit`` loops over it, and timing, counting, diagnosing and compiling a step
-(``helpers.timing``, ``helpers.counting``, ``helpers.diagnose``, ``helpers.regimes``) call these same functions, so
+(``helpers.timing``, ``helpers.counting``, ``helpers.diagnose``, ``helpers.compiling``) call these same functions, so
 the step measured is the step trained. It imports only ``helpers.devices``.
 Batches are tuples ``(*inputs, target)``; the model is called as ``model(*inputs)``.
 """

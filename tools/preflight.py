@@ -63,7 +63,7 @@ def check_torch(r: Report) -> None:
     import torch
 
     from helpers.devices import cpu_bf16_native, half_precision, nvidia_driver, usable_cpus
-    from helpers.regimes import matmul_rate
+    from helpers.operations import matmul_rate
 
     def tflops(device, dtype, n: int = 2048) -> float:  # lesson 08's timed matmul, in TFLOP/s
         return matmul_rate(n, device, dtype)["gflops"] / 1e3

@@ -1,20 +1,21 @@
-"""helpers.regimes: the three regimes, the compile comparison, fusion, graph breaks (notebook 08)."""
+"""helpers.operations (the three regimes) and helpers.compiling (the compile comparison, fusion, graph breaks)
+(notebook 08)."""
 import pytest
 import torch
 from torch import nn
 
-from helpers import regimes
+from helpers import compiling, operations
 
 
 def test_records_count_flops_and_bytes():
-    mm = regimes.matmul_rate(64, "cpu", min_run_time=0.02)
+    mm = operations.matmul_rate(64, "cpu", min_run_time=0.02)
     assert mm["intensity"] == pytest.approx(2 * 64**3 / (3 * 64 * 64 * 4))
     assert mm["gflops"] == pytest.approx(2 * 64**3 / mm["seconds"] / 1e9)
-    add = regimes.elementwise_rate(1000, "cpu", min_run_time=0.02)
+    add = operations.elementwise_rate(1000, "cpu", min_run_time=0.02)
     assert add["intensity"] == pytest.approx(1 / 12)
-    cp = regimes.copy_bandwidth(1000, "cpu", min_run_time=0.02)
+    cp = operations.copy_bandwidth(1000, "cpu", min_run_time=0.02)
     assert cp["gflops"] == 0 and cp["gbps"] == pytest.approx(8000 / cp["seconds"] / 1e9)
-    tiny = regimes.overhead_rate("cpu", ops=50, min_run_time=0.02)
+    tiny = operations.overhead_rate("cpu", ops=50, min_run_time=0.02)
     assert tiny["us_per_op"] == pytest.approx(tiny["seconds"] / 50 * 1e6)
 
 
@@ -23,17 +24,17 @@ def test_regime_classification():
     compute = {"seconds": 1.0, "gflops": 800.0, "gbps": 10.0}
     memory = {"seconds": 1.0, "gflops": 5.0, "gbps": 60.0}
     overhead = {"seconds": 200 * 6e-6, "gflops": 0.001, "gbps": 0.01, "ops": 200}
-    assert regimes.regime(compute, peak_gflops, peak_gbps, overhead_us) == "compute"
-    assert regimes.regime(memory, peak_gflops, peak_gbps, overhead_us) == "memory"
-    assert regimes.regime(overhead, peak_gflops, peak_gbps, overhead_us) == "overhead"
+    assert operations.regime(compute, peak_gflops, peak_gbps, overhead_us) == "compute"
+    assert operations.regime(memory, peak_gflops, peak_gbps, overhead_us) == "memory"
+    assert operations.regime(overhead, peak_gflops, peak_gbps, overhead_us) == "overhead"
 
 
 def test_fusion_byte_counts_and_graph_breaks():
     x = torch.randn(10)
-    assert torch.allclose(regimes.elementwise_chain(x), torch.sigmoid(torch.tanh(x * 0.5 + 0.25) * x - 0.125) * 1.5 + x)
-    lin = regimes.graph_breaks(nn.Linear(4, 2), torch.randn(3, 4))
+    assert torch.allclose(compiling.elementwise_chain(x), torch.sigmoid(torch.tanh(x * 0.5 + 0.25) * x - 0.125) * 1.5 + x)
+    lin = compiling.graph_breaks(nn.Linear(4, 2), torch.randn(3, 4))
     assert (lin["graphs"], lin["graph_breaks"]) == (1, 0)
-    lstm = regimes.graph_breaks(nn.LSTM(3, 4, batch_first=True), torch.randn(2, 5, 3))
+    lstm = compiling.graph_breaks(nn.LSTM(3, 4, batch_first=True), torch.randn(2, 5, 3))
     assert lstm["graphs"] == 0, "Dynamo does not trace nn.LSTM unless torch._dynamo.config.allow_rnn is set"
 
 
@@ -44,15 +45,15 @@ def test_compare_compiled_reports_instead_of_crashing(monkeypatch):
     monkeypatch.setattr(torch, "compile", no_compiler)
     make = lambda: nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))  # noqa: E731
     batch = (torch.randn(16, 8), torch.randint(0, 2, (16,)))
-    out = regimes.compare_compiled(make, batch, "cpu", min_run_time=0.02)
+    out = compiling.compare_compiled(make, batch, "cpu", min_run_time=0.02)
     assert out["error"] == "RuntimeError: no C++ compiler found" and out["eager_ms"] > 0
 
 
 def test_compare_compiled_measures_a_real_compile():
     make = lambda: nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))  # noqa: E731
     batch = (torch.randn(16, 8), torch.randint(0, 2, (16,)))
-    regimes.compare_compiled(make, batch, "cpu", min_run_time=0.05)  # fills inductor's on-disk cache, if used
-    out = regimes.compare_compiled(make, batch, "cpu", min_run_time=0.05)
+    compiling.compare_compiled(make, batch, "cpu", min_run_time=0.05)  # fills inductor's on-disk cache, if used
+    out = compiling.compare_compiled(make, batch, "cpu", min_run_time=0.05)
     assert "error" not in out, out
     assert out["compile_seconds"] > 0.1, "compiling a forward and backward graph takes time (not a cache load)"
     assert out["speedup"] == pytest.approx(out["eager_ms"] / out["compiled_ms"])
