@@ -34,6 +34,16 @@ def _display_markdown(text: str) -> None:
     display(Markdown(text))
 
 
+def _budget_start() -> float:
+    """When this notebook's time budget began, on ``time.monotonic``'s clock: when ``tools/run_course.py`` started
+    its process (``$COURSE_STARTED``, wall-clock seconds), so the kernel's start and the imports count, as they do
+    in the run's plan; else now (``setup()``)."""
+    try:
+        return time.monotonic() - max(0.0, time.time() - float(os.environ["COURSE_STARTED"]))
+    except (KeyError, ValueError):
+        return time.monotonic()
+
+
 @dataclass
 class Lesson:
     """One notebook's run: its name, mode, device, hardware, and the committed reference results.
@@ -45,7 +55,7 @@ class Lesson:
     hardware: dict
     reference: dict = field(default_factory=dict)
     budget_s: float | None = None
-    started: float = field(default_factory=time.monotonic)  # when setup() ran: budget_s counts from here
+    started: float = field(default_factory=_budget_start)  # budget_s counts from here
     saved: bool = False  # the whole record is written (save): no partial one after it
 
     @property

@@ -139,6 +139,23 @@ def test_within_budget_sizes_work_to_the_time_left_and_says_so(capsys, monkeypat
     assert lesson.seconds_left() == 0
 
 
+def test_the_budget_counts_from_when_the_run_started_the_notebook(monkeypatch):
+    """tools/run_course.py passes COURSE_STARTED (wall-clock seconds): the kernel's start and the imports before
+    setup() count against budget_s, as they do in the run's plan. Without it the budget counts from setup()."""
+    from helpers import course
+
+    monkeypatch.setattr(course.time, "monotonic", lambda: 500.0)
+    monkeypatch.setattr(course.time, "time", lambda: 2_000_000.0)
+    monkeypatch.setenv("COURSE_STARTED", str(2_000_000.0 - 12))  # the process began 12 s ago
+    lesson = _lesson(False)
+    lesson.budget_s = 100
+    assert lesson.started == 488.0 and lesson.seconds_left() == 88
+    monkeypatch.setenv("COURSE_STARTED", "not a time")
+    assert _lesson(False).started == 500.0
+    monkeypatch.delenv("COURSE_STARTED")
+    assert _lesson(False).started == 500.0
+
+
 def test_solution_is_shown_not_run_unless_asked(tmp_path, monkeypatch):
     from helpers import results
 

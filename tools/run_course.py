@@ -176,7 +176,8 @@ def run_one(nb: Path, target: Path, params: dict, limit_s: float | None, log: Pa
     t0 = time.perf_counter()
     with open(log, "w", encoding="utf-8") as fh:
         proc = subprocess.Popen([sys.executable, str(RUNNER), str(nb), str(target), json.dumps(params),
-                                 str(status_file)], stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+                                 str(status_file)], stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+                                env=dict(os.environ, COURSE_STARTED=str(time.time())))  # budget_s counts from here
         try:
             proc.wait(timeout=limit_s)
         except subprocess.TimeoutExpired:
