@@ -17,5 +17,5 @@ lstm = SequenceClassifier(12, len(encoder), hidden=hidden, bidirectional=False)
 fit(lstm, train_loader, epochs=epochs, optimizer=torch.optim.Adam(lstm.parameters(), lr=0.01), device=dev,
     host_inputs=(1,), grad_clip=1.0, progress=False)
 lstm_accuracy = evaluate(lstm, test_loader, dev, host_inputs=(1,))["accuracy"]
-check(lstm_accuracy, test=lambda a: 0.0 <= a <= 1.0)
+check(lstm_accuracy, test=is_trained_lstm)
 print(f"LSTM: {lstm_accuracy:.4f}, BiLSTM: {test_accuracy:.4f}")
