@@ -143,6 +143,7 @@ def test_a_gpu_run_gives_its_gpu_floors_of_its_own(tmp_path):
         sys.path.remove(str(ROOT / "tools"))
     floors_path = tmp_path / "floors.json"
     floors_path.write_text((ROOT / "data" / "budget_floors.json").read_text())
+    cpu_05 = json.loads(floors_path.read_text())["kinds"]["cpu"]["floors_s"]["05_multi_gpu_training"]
 
     def times(seconds_00, **kw):
         path = tmp_path / "times.json"
@@ -156,10 +157,10 @@ def test_a_gpu_run_gives_its_gpu_floors_of_its_own(tmp_path):
     assert not run_course.load_floors("NVIDIA H200", floors_path)[2], "never recorded: the CPU's floors, learned"
     assert "kept for 1" in promote_reference.keep_floors(times(4.0), floors_path)
     floors, source, own = run_course.load_floors("NVIDIA H200", floors_path)
-    assert own and floors["00"] == 4.0 and floors["05"] == 203.1 and "NVIDIA H200" in source, "05 was stopped"
+    assert own and floors["00"] == 4.0 and floors["05"] == cpu_05 and "NVIDIA H200" in source, "05 was stopped"
     promote_reference.keep_floors(times(6.0), floors_path)
     assert run_course.load_floors("NVIDIA H200", floors_path)[0]["00"] == 4.0, "the smaller time is kept"
-    assert run_course.load_floors("cpu", floors_path)[0]["05"] == 203.1, "the CPU's floors are untouched"
+    assert run_course.load_floors("cpu", floors_path)[0]["05"] == cpu_05, "the CPU's floors are untouched"
     assert "not" in promote_reference.keep_floors(times(1.0, quick=True), floors_path)
     assert run_course.load_floors("NVIDIA H200", floors_path)[0]["00"] == 4.0
 
@@ -201,3 +202,6 @@ def test_cpu_floors_keep_the_slowest_machine_measured(tmp_path):
     floors, source, own = run_course.load_floors("cpu", path)
     assert floors == {"00": 7.0, "01": 20.0} and own
     assert "CPU one" in source and "CPU two" in source
+    run_course.record_floors("cpu", {"00_a": 9.0}, "CPU three", "2.14", how, path)  # each machine named once, dated
+    machine = json.loads(path.read_text())["kinds"]["cpu"]["machine"]
+    assert machine.count("the larger floor of") == 1 and machine.count(")") == 3, machine

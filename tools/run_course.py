@@ -478,6 +478,9 @@ FLOORS_ABOUT = ("Per device kind (cpu, mps, or the CUDA GPU's name): each notebo
                 "time budget from the floors of the kind it runs on.")
 
 
+LARGER = "the larger floor of: "
+
+
 def record_floors(kind: str, floors_s: dict, machine: str, torch_version: str, how: str,
                   path: Path = FLOORS) -> None:
     """Keep ``floors_s`` ({notebook: seconds}) as ``kind``'s floors in data/budget_floors.json. A notebook already
@@ -493,8 +496,9 @@ def record_floors(kind: str, floors_s: dict, machine: str, torch_version: str, h
         old = entry["floors_s"].get(name)
         entry["floors_s"][name] = round(seconds if old is None else keep(old, seconds), 1)
     if kind == "cpu" and measured and entry.get("machine") and machine not in entry["machine"]:
-        machines = entry["machine"].removeprefix("the larger floor of: ")
-        machine = f"the larger floor of: {machines} ({entry.get('date')}); {machine} ({today})"
+        machines = entry["machine"]  # each machine with its date; a single machine's date is the entry's
+        machines = machines.removeprefix(LARGER) if machines.startswith(LARGER) else f"{machines} ({entry.get('date')})"
+        machine = f"{LARGER}{machines}; {machine} ({today})"
     entry.update(machine=machine, torch=torch_version, date=today, how=how)
     data["about"] = FLOORS_ABOUT
     atomic_write_text(path, json.dumps(dict(about=data.pop("about"), **data), indent=1) + "\n")
