@@ -47,7 +47,7 @@ DEADLINE_GRACE_S = 45      # the run ends by --budget-min plus at most this (a n
 BENCH_RESERVE_S = 75       # of the budget, kept for the benchmarks: 71 s on a 2-core Xeon (2026-12-05), with
 BENCH_ARGS = {"diagnose_workloads.py": ["--budget-s", "5"]}  # 35 s for its six diagnoses (55 s at its default 10 s)
 PACK_RESERVE_S = 10        # of the budget, kept for the report and the archive
-PLAN_SETUP_S = 30          # a dry run's guess at the pre-flight, install, extraction and ceilings before the notebooks
+PLAN_SETUP_S = 40          # a dry run's guess at the pre-flight, install, extraction, ceilings and warm-up (25-38 s without it, 2 cores)
 ARCHIVE_LIMIT_MB = 16
 
 
@@ -231,6 +231,13 @@ for device, threads in (({device!r}, None), ("cpu", None), ("cpu", 1)):
     print(f"{{device}}, {{torch.get_num_threads()}} thread(s): " + ", ".join(
         f"{{k}} {{v / 1e9:.0f}} GFLOP/s" for k, v in c["flops_per_s"].items())
         + f", {{c['bytes_per_s'] / 1e9:.0f}} GB/s, {{c['op_s'] * 1e6:.1f}} us per operator")
+# What every notebook's kernel imports, compiled into the run's fresh bytecode cache (and matplotlib's font cache
+# built) here, outside the notebooks' budgets: in the first notebook it took 6-12 s of a 12 s budget.
+try:
+    import IPython, ipykernel.kernelapp, matplotlib.pyplot, nbformat, papermill, helpers.course, helpers.plots
+    import torch._dynamo, torch._inductor.config, torchvision.transforms.v2  # lessons 04-11
+except ImportError as err:
+    print(f"warm-up: {{err}}")
 """
 
 
