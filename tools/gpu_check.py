@@ -234,8 +234,10 @@ for device, threads in (({device!r}, None), ("cpu", None), ("cpu", 1)):
 # What every notebook's kernel imports, compiled into the run's fresh bytecode cache (and matplotlib's font cache
 # built) here, outside the notebooks' budgets: in the first notebook it took 6-12 s of a 12 s budget.
 try:
-    import IPython, ipykernel.kernelapp, matplotlib.pyplot, nbformat, papermill, helpers.course, helpers.plots
+    import importlib, pkgutil, IPython, ipykernel.kernelapp, matplotlib.pyplot, nbformat, papermill, helpers
     import torch._dynamo, torch._inductor.config, torchvision.transforms.v2  # lessons 04-11
+    for module in pkgutil.iter_modules(helpers.__path__):  # every lesson imports a few; importing does no work
+        importlib.import_module(f'helpers.{{module.name}}')
 except ImportError as err:
     print(f"warm-up: {{err}}")
 """
