@@ -83,7 +83,7 @@ def matmul_peak(device, dtypes=None, sizes=None, min_run_time: float = 0.1) -> d
     best, points = {}, []
     for name in dtypes or MATMUL_DTYPES.get(device.type, ("float32",)):
         dtype = torch.float32 if name == "tf32" else getattr(torch, name)
-        emulated = dtype == torch.bfloat16 and half_precision(device) != torch.bfloat16
+        emulated = dtype == torch.bfloat16 and device.type != "mps" and half_precision(device) != torch.bfloat16
         all_sizes = sizes or MATMUL_SIZES.get(device.type, (1024,))
         with float32_precision("tf32" if name == "tf32" else "ieee"):
             for n in all_sizes[:1] if emulated else all_sizes:

@@ -7,6 +7,7 @@ Batches are tuples ``(*inputs, target)``; the model is called as ``model(*inputs
 """
 from __future__ import annotations
 
+from collections import defaultdict
 from copy import deepcopy
 from typing import Callable
 
@@ -100,7 +101,7 @@ class PreparedStep:
 def train_step(model: nn.Module, optimizer, batch, device="auto", *, loss_fn=None, amp=False, host_inputs=(),
                channels_last: bool = False, copy: bool = False, pinned: bool = False) -> PreparedStep:
     """The one way the course prepares a training step: ``model`` and ``batch`` on ``device``, the optimizer, the
-    precision and its loss scaler; returns a ``PreparedStep`` whose call is one full step (notebooks 00, 02).
+    precision and its loss scaler; returns a ``PreparedStep`` whose call is one full step (notebooks 02, 03).
 
     Timing (``helpers.timing.time_train_step``), counting (``helpers.counting.count_step``), diagnosing and
     compiling a step all call it, so the step measured is the step trained. ``optimizer``: an instance, a class or
@@ -108,15 +109,21 @@ def train_step(model: nn.Module, optimizer, batch, device="auto", *, loss_fn=Non
     optimizer (state cleared, settings kept), leaving yours untrained. ``channels_last`` converts model and images;
     ``pinned`` pins the host batch (notebook 03).
     """
-    device = pick_device(device)
-    if copy:
-        model, optimizer = deepcopy((model, optimizer))  # the copied optimizer holds the copied parameters
-        if isinstance(optimizer, torch.optim.Optimizer):
-            optimizer.state.clear()
+    device, original = pick_device(device), optimizer
+    if copy:  # the copied optimizer holds the copied parameters; its state is not copied (Adam's is 2x the model)
+        held = optimizer.state if isinstance(optimizer, torch.optim.Optimizer) else None
+        if held is not None:
+            optimizer.state = defaultdict(dict)
+        try:
+            model, optimizer = deepcopy((model, optimizer))
+        finally:
+            if held is not None:
+                original.state = held
     *inputs, target = batch
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
-        inputs = [x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x for x in inputs]
+        inputs = [x.contiguous(memory_format=torch.channels_last) if isinstance(x, torch.Tensor) and x.dim() == 4
+                  else x for x in inputs]
     model.to(device).train()
     if not isinstance(optimizer, torch.optim.Optimizer):
         optimizer = (optimizer or (lambda params: torch.optim.SGD(params, lr=0.01)))(model.parameters())

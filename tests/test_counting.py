@@ -227,7 +227,13 @@ def test_count_step_steps_a_copy_of_the_optimizer_whatever_its_settings(make):
     The step is counted: 2·4·2 forward + weight gradient, no input gradient."""
     model = nn.Linear(4, 2)
     optimizer = make(model.parameters())
+    model(torch.randn(3, 4)).sum().backward()
+    optimizer.step()  # the learner's optimizer has state: it is neither copied nor touched
+    state = optimizer.state
+    held = {id(p): {k: v.clone() for k, v in s.items()} for p, s in state.items()}
     before = [p.detach().clone() for p in model.parameters()]
     work = count_step(model, (torch.randn(3, 4), torch.tensor([0, 1, 0])), optimizer=optimizer)
     assert work.flops == 2 * (2 * 3 * 4 * 2)
-    assert not optimizer.state and all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    assert optimizer.state is state and len(state) == 2
+    assert all(torch.equal(held[id(p)][k], v) for p, s in state.items() for k, v in s.items())
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))

@@ -140,6 +140,9 @@ def test_exercise_checks_refuse_a_number_that_no_work_produced(tmp_path):
     from helpers.models import SequenceClassifier
 
     cell = _exercise_cell("01_categorical_labels_on_the_gpu.ipynb", "lstm, lstm_accuracy = None, None")
+    ns = {"check": check, "SequenceClassifier": SequenceClassifier}
+    with pytest.raises(AssertionError, match="is not it"):  # an accuracy but no model
+        exec(cell.replace("lstm, lstm_accuracy = None, None", "lstm, lstm_accuracy = None, 0.75"), ns)
     for bidirectional, answer, passes in ((True, 0.75, False), (False, 0.5, False), (False, 0.75, True)):
         ns = {"check": check, "test_loader": None, "dev": "cpu", "encoder": list(range(9)), "test_accuracy": 0.8,
               "evaluate": lambda model, loader, dev, host_inputs: {"accuracy": 0.75, "count": 370}}

@@ -186,12 +186,13 @@ def check_vowels(r: Report, data_dir: Path) -> None:
                   f"restore the shipped files: `git checkout -- {data_dir.relative_to(ROOT) if data_dir.is_relative_to(ROOT) else data_dir}`")
 
 
-def check_disk(r: Report, where: Path = ROOT, min_gb: float = MIN_FREE_GB) -> None:
+def check_disk(r: Report, where: Path = ROOT, min_gb: float = MIN_FREE_GB,
+               fix: str = "free some disk, or `make clean` to remove old build/ outputs") -> None:
     free = shutil.disk_usage(where).free / 2**30
     r.fact("free disk", f"{free:.1f} GiB at {where}")
     if free < min_gb:
         r.problem(BLOCKS, f"only {free:.1f} GiB free (the course wants {min_gb} GiB: executed notebooks, "
-                          "checkpoints, CIFAR-10)", "free some disk, or `make clean` to remove old build/ outputs")
+                          "checkpoints, CIFAR-10)", fix)
 
 
 # --- the node section: the first seconds of `make gpu-check` (standard library only: it runs before the notebook
@@ -268,7 +269,10 @@ def node(out: Path, device: str) -> dict:
     if found["no_compile"]:
         r.problem(WARNS, "torch.compile cannot build kernels here: the compile rows of lessons 08 and 10 will be "
                          "missing", "the run sets COURSE_NO_COMPILE=1 and goes on")
-    shm_mb = shutil.disk_usage("/dev/shm").total / 2**20 if Path("/dev/shm").exists() else None
+    try:
+        shm_mb = shutil.disk_usage("/dev/shm").total / 2**20
+    except OSError:  # no /dev/shm (macOS) or not readable
+        shm_mb = None
     r.fact("/dev/shm", f"{shm_mb:.0f} MB" if shm_mb is not None else "none")
     if shm_mb is not None and shm_mb < MIN_SHM_MB:
         found["no_workers"] = True
@@ -287,7 +291,7 @@ def node(out: Path, device: str) -> dict:
             r.problem(WARNS, "an exclusive-process GPU holds one CUDA context: the notebook's kernel and a torchrun "
                              "child cannot share it, so lesson 05's DDP runs and 09's sharding run will fail",
                       "set the GPU's compute mode to Default (the run goes on)")
-    check_disk(r, out, NODE_MIN_FREE_GB)
+    check_disk(r, out, NODE_MIN_FREE_GB, "free some disk there, or give OUT another folder (the run goes on)")
     found["outdated"] = outdated_tools()
     for name, (have, pin) in found["outdated"].items():
         r.problem(WARNS, f"{name} {have} is older than the wheelhouse's {pin}",
