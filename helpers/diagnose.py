@@ -45,7 +45,7 @@ from .profiling import (
     out_of_memory,
     profiler_peak_mb,
 )
-from .step import make_scaler, optimizer_step, resolve_amp, split_batch, train_step
+from .step import channels_last_batch, make_scaler, optimizer_step, resolve_amp, split_batch, train_step
 from .training import rng_state, set_rng_state
 
 LESSON = {"threads": "01 and 02", "workers": "04", "decoded": "04", "pinned": "03", "amp": "06",
@@ -302,8 +302,7 @@ class _Bench:
                           amp=amp or False, host_inputs=self.host_inputs, channels_last=channels_last, copy=True)
         batches = self.batches if batches is None else batches
         if channels_last:
-            batches = [[x.contiguous(memory_format=torch.channels_last) if isinstance(x, torch.Tensor) and x.dim() == 4
-                        else x for x in batch] for batch in batches]
+            batches = [channels_last_batch(batch) for batch in batches]
         step.model = torch.compile(step.model) if compiled else step.model
         turn = iter(())
 

@@ -78,6 +78,12 @@ def make_scaler(device: torch.device, dtype) -> torch.amp.GradScaler:
     return torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
 
 
+def channels_last_batch(batch) -> list:
+    """The batch with its image tensors (4-D) in channels_last memory format, the rest as it is (notebook 06)."""
+    return [x.contiguous(memory_format=torch.channels_last) if isinstance(x, torch.Tensor) and x.dim() == 4 else x
+            for x in batch]
+
+
 class PreparedStep:
     """A model, its optimizer, loss, precision and one batch, ready on a device (``train_step`` makes it).
 
@@ -122,8 +128,7 @@ def train_step(model: nn.Module, optimizer, batch, device="auto", *, loss_fn=Non
     *inputs, target = batch
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
-        inputs = [x.contiguous(memory_format=torch.channels_last) if isinstance(x, torch.Tensor) and x.dim() == 4
-                  else x for x in inputs]
+        inputs = channels_last_batch(inputs)
     model.to(device).train()
     if not isinstance(optimizer, torch.optim.Optimizer):
         optimizer = (optimizer or (lambda params: torch.optim.SGD(params, lr=0.01)))(model.parameters())
