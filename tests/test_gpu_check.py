@@ -161,3 +161,19 @@ def test_a_relative_out_is_the_callers_folder_for_the_notebook_run(tmp_path, mon
     monkeypatch.chdir(tmp_path)
     cmd = gpu_check.course_command(gpu_check._parse(["--out", "run-a"]), "cuda", 100.0, 1000.0, True)
     assert cmd[cmd.index("--out") + 1] == str(tmp_path / "run-a")
+
+
+def test_the_runs_processes_compile_once_into_the_bytecode_prefix(tmp_path, monkeypatch):
+    """gpu-check points PYTHONPYCACHEPREFIX at a fresh folder under OUT, so Python reads compiled modules only from
+    there. A shell's PYTHONDONTWRITEBYTECODE=1 (this machine's) left that folder empty and made every kernel and DDP
+    worker compile torch again (4 s to 10 s a process here): the run's processes must write it."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    env = gpu_check.scratch_env(tmp_path, tmp_path / "site", None)
+    subprocess.run([sys.executable, "-c", "import email.mime.text"], env=env, check=True, timeout=120)
+    written = list((tmp_path / "cache" / "pycache").rglob("*.pyc"))
+    assert any(p.name.startswith("text.") for p in written), written[:5]

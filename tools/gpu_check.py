@@ -130,6 +130,9 @@ def scratch_env(out: Path, site: Path, threads: int | None) -> dict:
     env = dict(os.environ, PYTHONUNBUFFERED="1", JUPYTER_PLATFORM_DIRS="1",
                PYTHONPATH=os.pathsep.join([str(site), str(ROOT)] + (
                    [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
+    # With a bytecode prefix Python reads compiled modules only from there; were writing it off (a shell's
+    # PYTHONDONTWRITEBYTECODE), every kernel and DDP worker would compile torch again: 4 s more a process on 2 cores
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     for name, sub in dirs.items():
         (out / sub).mkdir(parents=True, exist_ok=True)
         env[name] = str(out / sub)
