@@ -1,7 +1,7 @@
 """The house rules that keep the course readable (issue: "the house"), checked on every commit.
 
 - No function or method in ``helpers`` is longer than 50 lines (nested functions count towards the outer one).
-- No notebook code cell is longer than 30 lines.
+- No notebook code cell is longer than 30 lines, and no code line wider than 120 characters.
 - Plot functions take ``ax`` so figures compose; every public helper names the lesson that teaches it.
 - Code shown in a notebook as a helper "in full" is generated from the helper (``show_source``), never pasted.
 - ``tools/`` and ``benchmarks/`` import the installed package: no ``sys.path`` edits.
@@ -54,6 +54,19 @@ def test_no_notebook_code_cell_over_30_lines(path):
     assert long_cells(path) == [], f"{path.name}: split these cells (index, lines)"
 
 
+def wide_lines(path, limit=120):
+    """(cell index, line number, width) of every notebook code line wider than ``limit`` characters: the site's
+    lesson column holds 128 at 1366 px (tests/test_site.py), ruff's E501 at 120 is the rule."""
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    return [(i, n, len(line)) for i, c in enumerate(cells) if c["cell_type"] == "code"
+            for n, line in enumerate("".join(c["source"]).splitlines(), 1) if len(line) > limit]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_notebook_code_line_over_120_characters(path):
+    assert wide_lines(path) == [], f"{path.name}: wrap these lines (cell, line, characters)"
+
+
 def test_the_length_checks_can_fail(tmp_path):
     body = "\n".join(f"    x{i} = {i}" for i in range(60))
     src = tmp_path / "long.py"
@@ -63,6 +76,8 @@ def test_the_length_checks_can_fail(tmp_path):
     nb = tmp_path / "n.ipynb"
     nb.write_text(json.dumps({"cells": [cell]}))
     assert long_cells(nb) == [(0, 31)]
+    nb.write_text(json.dumps({"cells": [dict(cell, source=["x = 1\n", "y = '" + "z" * 120 + "'\n"])]}))
+    assert wide_lines(nb) == [(0, 2, 126)]
 
 
 def test_every_plot_function_takes_ax():
