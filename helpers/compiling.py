@@ -57,13 +57,11 @@ def compare_compiled(make_model, batch, device="auto", *, amp=False, mode: str |
     torch._dynamo.reset()  # compile from scratch: no graphs cached by an earlier measurement
     torch.manual_seed(0)
     model = make_model()
-    if channels_last:
-        model = model.to(memory_format=torch.channels_last)
     try:
         require_compiler()
         compiled = torch.compile(model, mode=mode)
         step = train_step(compiled, torch.optim.SGD(compiled.parameters(), lr=0.01), batch, device, amp=amp,
-                          host_inputs=host_inputs)
+                          host_inputs=host_inputs, channels_last=channels_last)  # the layout the timed steps use
         first = _first_call_seconds(step, device)
         steady = time_train_step(compiled, batch, device, amp=amp, host_inputs=host_inputs, warmup=1,
                                  channels_last=channels_last, min_run_time=min_run_time)

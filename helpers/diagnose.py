@@ -45,7 +45,7 @@ from .profiling import (
     out_of_memory,
     profiler_peak_mb,
 )
-from .step import channels_last_batch, make_scaler, optimizer_step, resolve_amp, split_batch, train_step
+from .step import channels_last_batch, resolve_amp, split_batch, train_step
 from .training import rng_state, set_rng_state
 
 LESSON = {"threads": "01 and 02", "workers": "04", "decoded": "04", "pinned": "03", "amp": "06",
@@ -190,12 +190,6 @@ def _first_batches(loader, most: int = 16, mb: float = 256) -> list:
     if not found:
         raise ValueError("the loader yielded no batch")
     return found
-
-
-def _step(model, optimizer, batch, device, loss_fn, host_inputs) -> None:
-    """One plain training step (``step.optimizer_step``), to see whether a batch fits."""
-    inputs, target = split_batch(batch, device, host_inputs)
-    optimizer_step(model, optimizer, inputs, target, loss_fn=loss_fn, scaler=make_scaler(device, None), device=device)
 
 
 def _fits(run, device, memory_limit_mb: float | None) -> str | None:
@@ -551,7 +545,8 @@ def _lever_batch(b: _Bench, share: float, memory_limit_mb) -> dict | str:
     doubled = [_doubled(x) for x in b.batches]
     bigger = max(doubled, key=lambda x: sum(t.numel() for t in x if isinstance(t, torch.Tensor)))
     work = copy.deepcopy((b.model, b.optimizer))
-    why = _fits(lambda: _step(*work, bigger, b.device, b.loss_fn, b.host_inputs), b.device, memory_limit_mb)
+    why = _fits(lambda: train_step(*work, bigger, b.device, loss_fn=b.loss_fn, host_inputs=b.host_inputs)(), b.device,
+                memory_limit_mb)
     work = None
     if why:
         return f"batch {_items(bigger)} does not fit: {why}"
@@ -842,7 +837,8 @@ def diagnose(model: nn.Module, loader, loss_fn=None, optimizer=None, device="aut
         first = copy.deepcopy((work, opt))  # copied outside the measured step: the copy is not the step's memory
         t1 = time.perf_counter()
         stage("the first training step")
-        too_big = _fits(lambda: _step(*first, batch, device, loss_fn, host_inputs), device, memory_limit_mb)
+        too_big = _fits(lambda: train_step(*first, batch, device, loss_fn=loss_fn, host_inputs=host_inputs)(), device,
+                        memory_limit_mb)
         first_s, first = time.perf_counter() - t1, None
         free_memory(device)
         if too_big:

@@ -60,3 +60,23 @@ def test_compare_compiled_measures_a_real_compile():
     if out["break_even_steps"] is not None:
         gain = (out["eager_ms"] - out["compiled_ms"]) / 1e3
         assert out["break_even_steps"] == pytest.approx(out["compile_seconds"] / gain)
+
+
+def test_a_channels_last_compare_compiles_once(monkeypatch):
+    """The first, timed call compiles for the layout the timed steps use (it once ran on a contiguous batch, so the
+    steady steps compiled a second graph for channels-last strides and compile_seconds held half the cost)."""
+    real, graphs, at_first = torch.compile, [], []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    first = compiling._first_call_seconds
+    monkeypatch.setattr(torch, "compile", lambda model, mode=None: real(model, backend=counting))
+    monkeypatch.setattr(compiling, "require_compiler", lambda: None)
+    monkeypatch.setattr(compiling, "_first_call_seconds", lambda *a: (first(*a), at_first.append(len(graphs)))[0])
+    make = lambda: nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
+    batch = (torch.randn(8, 3, 8, 8), torch.randint(0, 2, (8,)))
+    out = compiling.compare_compiled(make, batch, "cpu", channels_last=True, min_run_time=0.02)
+    assert "error" not in out, out
+    assert at_first == [len(graphs)] and graphs, f"{len(graphs)} graphs, {at_first} of them at the first call"
