@@ -37,18 +37,15 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "Installing the course into $(VENV) (first time: a few minutes, PyTorch is large)..."
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[$(EXTRAS)]" 2>&1 | grep -v "^WARNING: Location" || true
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[dev]" 2>&1 | grep -v "^WARNING: Location" || true
 	@$(PY) -c "import torch, torchvision, helpers, nbval, papermill" || { echo "install failed: see the pip output above"; exit 1; }
 	@touch $@
 
-# The site generator and the browser-test driver: an extra that `make run` does not need. A fresh clone's
-# make test installs both extras in one pip run (one resolution, one editable build: 10 s less).
-EXTRAS ?= dev
+# The site generator and the browser-test driver: an extra that `make run` does not need.
 site-venv: $(VENV)/.site-installed
 
-$(VENV)/.site-installed: pyproject.toml constraints.txt
-	@if [ -f $(VENV)/.installed ]; then $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt \
-		-e ".[dev,site]" 2>&1 | grep -v "^WARNING: Location" || true; else $(MAKE) -s $(VENV)/.installed EXTRAS=dev,site; fi
+$(VENV)/.site-installed: $(VENV)/.installed
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[dev,site]" 2>&1 | grep -v "^WARNING: Location" || true
 	@$(PY) -c "import sphinx, myst_nb, playwright" || { echo "install of the site extra failed: see above"; exit 1; }
 	@touch $@
 

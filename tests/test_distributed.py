@@ -22,11 +22,20 @@ def _max_diff(a, b):
 
 @pytest.fixture(scope="module")
 def single(tmp_path_factory):
-    """One plain process, batch 32, run in this process as lesson 05 runs it (no torchrun: 7 s less a run here)."""
+    """One plain process, batch 32, run in this process as lesson 05 runs it (no torchrun: 7 s less a run here);
+    no torchrun variables reach it, and the random streams it seeds are given back afterwards."""
     from helpers.distributed import main
+    from helpers.training import rng_state, set_rng_state
 
     out = tmp_path_factory.mktemp("single") / "p.pt"
-    main([str(a) for a in COMMON + ["--batch-size", "32", "--params-out", out]])
+    saved = rng_state()
+    with pytest.MonkeyPatch.context() as mp:
+        for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+            mp.delenv(name, raising=False)
+        try:
+            main([str(a) for a in COMMON + ["--batch-size", "32", "--params-out", out]])
+        finally:
+            set_rng_state(saved)
     return _params(out)
 
 

@@ -75,7 +75,7 @@ def test_a_channels_last_compare_compiles_once(monkeypatch):
     monkeypatch.setattr(torch, "compile", lambda model, mode=None: real(model, backend=counting))
     monkeypatch.setattr(compiling, "require_compiler", lambda: None)
     monkeypatch.setattr(compiling, "_first_call_seconds", lambda *a: (first(*a), at_first.append(len(graphs)))[0])
-    make = lambda: nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
+    make = lambda: nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))  # noqa: E731
     batch = (torch.randn(8, 3, 8, 8), torch.randint(0, 2, (8,)))
     out = compiling.compare_compiled(make, batch, "cpu", channels_last=True, min_run_time=0.02)
     assert "error" not in out, out

@@ -89,9 +89,10 @@ def build_wheel(folder: Path) -> Path:
 
 def runtime_env(folder: Path, source: str | None, cifar10: str | None = None) -> dict:
     """A learner's environment: no trace of this checkout (no COURSE_* settings, no PYTHONPATH), no package index
-    (``PIP_NO_INDEX``: offline), caches in ``folder``; ``source`` is the course's COURSE_SOURCE."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("COURSE_", "PIP_")) and k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    (``PIP_NO_INDEX``: offline), caches in ``folder``; ``source`` is the course's COURSE_SOURCE. Its processes write
+    the bytecode folder it names (Python reads only that one): a shell's PYTHONDONTWRITEBYTECODE is not passed on."""
+    dropped = ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONDONTWRITEBYTECODE")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COURSE_", "PIP_")) and k not in dropped}
     env.update(PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1", XDG_CACHE_HOME=str(folder / "cache"),
                MPLCONFIGDIR=str(folder / "matplotlib"), IPYTHONDIR=str(folder / "ipython"),
                JUPYTER_CONFIG_DIR=str(folder / "jupyter"), PYTHONPYCACHEPREFIX=str(folder / "pycache"))
