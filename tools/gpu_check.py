@@ -229,7 +229,7 @@ def main(argv=None) -> int:
 CEILINGS = """
 import torch
 from helpers.ceilings import measured_ceilings
-for device, threads in (({device!r}, None), ("cpu", None), ("cpu", 1)):
+for device, threads in dict.fromkeys((({device!r}, None), ("cpu", None), ("cpu", 1))):  # a CPU run: cpu once
     torch.set_num_threads(threads or torch.get_num_threads())
     c = measured_ceilings(device)
     print(f"{{device}}, {{torch.get_num_threads()}} thread(s): " + ", ".join(
