@@ -163,17 +163,20 @@ def test_a_relative_out_is_the_callers_folder_for_the_notebook_run(tmp_path, mon
     assert cmd[cmd.index("--out") + 1] == str(tmp_path / "run-a")
 
 
-def test_the_runs_processes_compile_once_into_the_bytecode_prefix(tmp_path, monkeypatch):
-    """gpu-check points PYTHONPYCACHEPREFIX at a fresh folder under OUT, so Python reads compiled modules only from
-    there. A shell's PYTHONDONTWRITEBYTECODE=1 (this machine's) left that folder empty and made every kernel and DDP
-    worker compile torch again (9.9 s against 3.9 s for one import here): the run's processes must write it."""
+@pytest.mark.parametrize("scratch", ["gpu_check", "hosted_check"])
+def test_the_runs_processes_compile_once_into_the_bytecode_prefix(scratch, tmp_path, monkeypatch):
+    """gpu-check and the hosted stand-in point PYTHONPYCACHEPREFIX at a fresh folder, so Python reads compiled
+    modules only from there. A shell's PYTHONDONTWRITEBYTECODE=1 (this machine's) left that folder empty and made
+    every kernel and DDP worker compile torch again (9.9 s against 3.9 s for one import here): their processes
+    must write it."""
     sys.path.insert(0, str(ROOT / "tools"))
     try:
         import gpu_check
     finally:
         sys.path.remove(str(ROOT / "tools"))
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
-    env = gpu_check.scratch_env(tmp_path, tmp_path / "site", None)
+    env = gpu_check.scratch_env(tmp_path, tmp_path / "site", None) if scratch == "gpu_check" else \
+        hosted_check.runtime_env(tmp_path, None)
     subprocess.run([sys.executable, "-c", "import email.mime.text"], env=env, check=True, timeout=120)
-    written = list((tmp_path / "cache" / "pycache").rglob("*.pyc"))
+    written = list(Path(env["PYTHONPYCACHEPREFIX"]).rglob("*.pyc"))
     assert any(p.name.startswith("text.") for p in written), written[:5]

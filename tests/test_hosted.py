@@ -106,11 +106,3 @@ def test_the_address_check_can_fail():
     nb["cells"][5]["source"].append(f"see https://github.com/{slug}/issues")
     assert slug in _by_hand(name, json.dumps(nb))
 
-
-def test_the_runtime_processes_write_their_bytecode_folder(tmp_path, monkeypatch):
-    """runtime_env names a fresh PYTHONPYCACHEPREFIX, from which alone Python reads compiled modules: with this
-    shell's PYTHONDONTWRITEBYTECODE=1 passed on, every kernel of a hosted run compiled torch again."""
-    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
-    env = hosted_check.runtime_env(tmp_path, None)
-    subprocess.run([sys.executable, "-c", "import email.mime.text"], env=env, check=True, timeout=120)
-    assert any(p.name.startswith("text.") for p in (tmp_path / "pycache").rglob("*.pyc"))
