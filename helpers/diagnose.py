@@ -484,7 +484,8 @@ def classify(rates: dict, phase_ms: dict, floors: dict | None = None, batch: dic
 
     ``rates``: items/s of the real step, the model alone and the input alone. Input (or transfer, when copying
     takes longer than waiting): the input alone is slower than the model alone, or the real step spends
-    ``INPUT_SHARE`` or more of its time outside the model. Otherwise the floor (``_floors``: overhead, compute,
+    ``INPUT_SHARE`` or more of its time outside the model and the synchronised phases agree (data wait and copy
+    take at least half that share: a real step slowed by a busy machine is not an input-bound one). Otherwise the floor (``_floors``: overhead, compute,
     memory) that explains the largest share of the model's step, when it explains ``FLOOR_EXPLAINS`` of it; when
     none does, overhead if twice the batch gives ``OVERHEAD_GAIN``× the items/s at the lower end of its interval
     (``batch``: the paired batch lever) or if every floor is under ``FLOOR_FAR`` of the step (it is made of fixed
@@ -495,13 +496,17 @@ def classify(rates: dict, phase_ms: dict, floors: dict | None = None, batch: dic
     outside = max(0.0, 1 - real / model)
     said = (f"the real step runs at {real:,.0f} items/s, the model alone at {model:,.0f} and the input alone at "
             f"{inp:,.0f}")
-    if inp < model or outside >= INPUT_SHARE:
+    wait, moved = phase_ms.get("data wait", 0.0), phase_ms.get("host to device", 0.0)
+    waiting = (wait + moved) / (sum(phase_ms.values()) or 1)
+    if inp < model or (outside >= INPUT_SHARE and waiting >= INPUT_SHARE / 2):
         why = (f"{outside:.0%} of the real step is spent outside the model" +
                (" and the input alone is the slower side" if inp < model else f" (≥ {INPUT_SHARE:.0%})"))
-        wait, moved = phase_ms.get("data wait", 0.0), phase_ms.get("host to device", 0.0)
         if moved > wait:
             return "transfer", f"{said}: {why}; copying takes longer than waiting ({moved:.1f} vs {wait:.1f} ms)"
         return "input", f"{said}: {why}"
+    if outside >= INPUT_SHARE:
+        said += (f" (the real step ran {outside:.0%} slower than the model alone, but its synchronised phases wait "
+                 f"for input only {waiting:.0%} of the time: the difference is the machine's noise)")
     scaling = _scaling(batch, floors)
     if not floors or "shares" not in floors:
         if batch and batch["low"] >= OVERHEAD_GAIN:
