@@ -55,8 +55,16 @@ run: venv
 # After pytest, tools/course_times.py --check lists the recorded times that measured an earlier version of their
 # notebook: stale times are reported, not a failure; a README map or instructor kit that disagrees with
 # data/course_times.json fails (here and in tests/test_course_times.py).
+#
+# Two passes. The first shares the cores among TEST_WORKERS pytest-xdist workers, a file to a worker (a notebook's
+# cells run in order in one kernel); the second runs one test at a time: those marked serial (they time real work or
+# watch the whole checkout), those that read the notebooks the first pass executed, and the browser tests.
+# OMP_WAIT_POLICY=PASSIVE in the first pass: torch's idle OpenMP threads sleep instead of spinning, or two workers'
+# threads on 2 cores spin against each other (measured on 4 lessons: 115 s spinning, 72 s passive, 99 s one at a time).
+TEST_WORKERS ?= 2
 test: site-venv
-	$(PY) -m pytest
+	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not serial and not executed and not browser"
+	$(PY) -m pytest -m "serial or executed or browser"
 	$(PY) tools/course_times.py --check
 
 site: site-venv

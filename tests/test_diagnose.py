@@ -300,6 +300,7 @@ def assert_consistent(d, in_memory: bool):
         assert f"{batch['speedup']:.2f}× ({batch['low']:.2f}–{batch['high']:.2f})" in d.reason, d.reason
 
 
+@pytest.mark.serial  # a verdict from real timings: the cores are not shared with other tests
 @pytest.mark.parametrize(("name", "verdict", "budget_s", "levers"), [
     ("resnet", "compute", 10, ["batch", "channels_last"]),
     ("tiny_mlp", "overhead", 6, ["batch", "amp", "workers"]),
@@ -318,6 +319,7 @@ def test_workloads_get_their_verdict(name, verdict, budget_s, levers, monkeypatc
         assert len(d.advice) >= 2, d.advice
 
 
+@pytest.mark.serial  # it keeps one core busy itself; another test on the other would leave it none
 def test_a_busy_core_changes_neither_verdict_nor_recommendations(monkeypatch, jpegs):
     """A background process keeps one of the 2 cores busy; torch keeps its default threads, so the diagnosis must
     notice that they wait for each other (the threads lever) and still find the input-bound step."""

@@ -77,6 +77,7 @@ def test_gpu_check_refuses_without_a_gpu_in_one_line(node, tmp_path):
     assert not (tmp_path / "out").exists(), "nothing is written before the checks pass"
 
 
+@pytest.mark.serial  # compares the whole checkout before and after: no other test may write into it meanwhile
 def test_gpu_check_installs_tools_from_wheelhouse_and_runs_a_notebook(node, tmp_path):
     out = tmp_path / "out"
     before = checkout_files()

@@ -44,6 +44,7 @@ def test_first_cell_offline_without_course_source_fails_in_one_line(tmp_path):
     assert sorted(p.name for p in lesson.iterdir()) == ["first_cell.py"], "nothing left behind"
 
 
+@pytest.mark.serial  # compares the whole checkout before and after: no other test may write into it meanwhile
 def test_a_lesson_alone_in_an_empty_folder_installs_the_course_and_runs(wheel, tmp_path):
     python = hosted_check.runtime_python(tmp_path)
     before = checkout_files()

@@ -107,6 +107,7 @@ def test_nbval_fails_when_a_checked_output_changes(tmp_path):
     assert "41" in run.stdout and "42" in run.stdout
 
 
+@pytest.mark.serial  # its epochs come from a timed probe within 20 s: the cores are its own
 def test_a_budgeted_notebook_sizes_its_training_to_the_time_left(tmp_path):
     """make gpu-check's path through a notebook: budget_s set, the training limited in time (fit's TimePace) and
     the results recording the budget. Lesson 06 (quick) takes its budget branches: epochs from a probe, a time limit

@@ -82,6 +82,7 @@ time.sleep(900)""")
     return dict(run=run, out=out, seconds=time.perf_counter() - t0, sleeper=str(sleeper), up=up)
 
 
+@pytest.mark.serial  # budget_run's ranks must be up (about 8 s) before its 21 s limit
 def test_a_notebook_past_its_limit_is_stopped_and_the_run_goes_on(budget_run):
     run, out = budget_run["run"], budget_run["out"]
     assert run.returncode == 1, run.stdout + run.stderr
@@ -101,6 +102,7 @@ def test_a_notebook_past_its_limit_is_stopped_and_the_run_goes_on(budget_run):
         "what the notebook did before the stop is kept"
 
 
+@pytest.mark.serial  # budget_run's ranks must be up (about 8 s) before its 21 s limit
 def test_a_dead_kernel_is_named_in_one_line(budget_run):
     run, out = budget_run["run"], budget_run["out"]
     assert json.loads((out / "times.json").read_text())["runs"]["22_dies"]["status"] == "died"
@@ -108,6 +110,7 @@ def test_a_dead_kernel_is_named_in_one_line(budget_run):
     assert len(lines) == 1 and "DeadKernelError" in lines[0] and "cell 2" in lines[0], run.stderr
 
 
+@pytest.mark.serial  # budget_run's ranks must be up (about 8 s) before its 21 s limit
 def test_a_stopped_notebook_leaves_no_torchrun_rank_behind(budget_run):
     assert budget_run["up"].read_text() == "3", "torchrun and both ranks were running when the notebook was stopped"
     assert json.loads((budget_run["out"] / "times.json").read_text())["runs"]["21_sleeps"]["status"] == "stopped"

@@ -25,6 +25,7 @@ class FakeAsyncDevice:
             self.pending.pop().wait()
 
 
+@pytest.mark.serial  # five thread launches within 5 ms: not while another test loads the cores
 def test_synchronised_timer_sees_the_asynchronous_work():
     dev = FakeAsyncDevice()
 
