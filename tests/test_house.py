@@ -242,3 +242,29 @@ def test_the_import_check_sees_imports_inside_functions_and_circles(tmp_path, mo
     assert "training" in _helpers_imports()["step"]
     with pytest.raises(AssertionError, match="step .* imports training"):
         test_helpers_has_floors_and_no_module_imports_upward_or_in_a_circle()
+
+
+# Issue 37 asks for helpers/ at most 6,000 lines and tools/ at most 1,400 (wc -l of every .py file). Neither is
+# reachable without dropping tested capabilities (tools/ has about 1,690 lines of code alone, docstrings, comments
+# and blank lines not counted; the budget planner issue 34 asked for is about 270 of them). Until the limits are
+# settled, these ceilings are where the code stood on 2026-12-07, lowered as code is removed: they may not grow.
+SIZE_CEILINGS = {"helpers": 7_330, "tools": 2_330}
+
+
+def python_lines(folder: Path) -> int:
+    """``wc -l`` over every .py file under ``folder``, subfolders included."""
+    return sum(len(p.read_text(encoding="utf-8").splitlines()) for p in folder.rglob("*.py"))
+
+
+@pytest.mark.parametrize("folder", sorted(SIZE_CEILINGS))
+def test_helpers_and_tools_do_not_grow(folder):
+    lines = python_lines(ROOT / folder)
+    assert lines <= SIZE_CEILINGS[folder], (f"{folder}/ has {lines} lines of Python, over its ceiling of "
+                                            f"{SIZE_CEILINGS[folder]}: remove as much as you added")
+
+
+def test_the_size_ceiling_can_fail(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "a.py").write_text("x = 1\n" * 3)
+    (tmp_path / "pkg" / "b.py").write_text("y = 2\n")
+    assert python_lines(tmp_path) == 4
