@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from .devices import float32_precision, half_precision
-from .results import cache_dir, course_file
+from .results import atomic_write_text, cache_dir, course_file
 
 SCHEMA = 1
 MIB = 2**20
@@ -139,10 +139,7 @@ def measured_ceilings(device="auto", *, refresh: bool = False, min_run_time: flo
              "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
              "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None, "cpus": usable_cpus(),
              **_measure(device, min_run_time)}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(found, indent=1))
-    tmp.replace(path)  # atomic: two kernels measuring at once never leave half a file
+    atomic_write_text(path, json.dumps(found, indent=1))  # two kernels measuring at once never leave half a file
     return {**found, "cache": str(path), "cached": False}
 
 

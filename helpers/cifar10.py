@@ -46,20 +46,27 @@ def _folder_root(path: Path) -> Path | None:
     return None
 
 
+def _class_files(root: Path, per_class: int | None) -> tuple[list, list, list]:
+    """``(class names, files, labels)`` of an image-folder tree ``root/<class>/<image>``, ``per_class`` of each."""
+    classes = sorted(d.name for d in root.iterdir() if d.is_dir()) if root.is_dir() else []
+    files, labels = [], []
+    for label, name in enumerate(classes):
+        mine = sorted(f for f in (root / name).iterdir() if f.suffix.lower() in IMAGE_SUFFIXES)[:per_class]
+        files, labels = files + mine, labels + [label] * len(mine)
+    return classes, files, labels
+
+
 def _read_image_folder(split_dir: Path, per_class: int | None) -> ImageSet:
     import numpy as np
     from PIL import Image
 
-    classes = sorted(d.name for d in split_dir.iterdir() if d.is_dir()) if split_dir.is_dir() else []
+    classes, files, labels = _class_files(split_dir, per_class)
     if not classes:
         raise FileNotFoundError(f"{split_dir} has no class folders (expected {split_dir}/<class>/<image>)")
-    images, labels = [], []
-    for k, name in enumerate(classes):
-        files = sorted(f for f in (split_dir / name).iterdir() if f.suffix.lower() in IMAGE_SUFFIXES)
-        for f in files[:per_class]:
-            with Image.open(f) as img:
-                images.append(np.asarray(img.convert("RGB")))
-            labels.append(k)
+    images = []
+    for f in files:
+        with Image.open(f) as img:
+            images.append(np.asarray(img.convert("RGB")))
     if not images:
         raise FileNotFoundError(f"{split_dir} has class folders but no images ({', '.join(IMAGE_SUFFIXES)})")
     sizes = {im.shape for im in images}
@@ -344,11 +351,7 @@ def image_files(cifar10_dir, per_class: int, scratch: Path) -> tuple[FileImageDa
             (scratch / str(int(label))).mkdir(parents=True, exist_ok=True)
             write_png(img, str(scratch / str(int(label)) / f"{i}.png"))
     root = tree / "train" if tree else scratch
-    files, labels = [], []
-    for label, folder in enumerate(sorted(p for p in root.iterdir() if p.is_dir())):
-        mine = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)[:per_class]
-        files += mine
-        labels += [label] * len(mine)
+    _, files, labels = _class_files(root, per_class)
     source = (f"CIFAR-10 image files in {shown_path(root)}" if tree else
               f"synthetic PNG files in {shown_path(root)} (no CIFAR-10 image folder here)")
     return FileImageDataset(files, labels, cifar10_transform(train=True)), source

@@ -37,16 +37,18 @@ def loader_workers(cap: int = 8) -> int:
     return max(0, min(cap, usable_cpus() - 1))
 
 
-def cpu_flags() -> set:
-    """The CPU's feature flags (Linux ``/proc/cpuinfo``; empty elsewhere) (notebook 06)."""
+def _cpuinfo(key: str) -> str | None:
+    """The first value of ``key`` in Linux's /proc/cpuinfo; None elsewhere."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
+            return next((line.split(":", 1)[1].strip() for line in fh if line.lower().startswith(key)), None)
     except OSError:
-        pass
-    return set()
+        return None
+
+
+def cpu_flags() -> set:
+    """The CPU's feature flags (Linux ``/proc/cpuinfo``; empty elsewhere) (notebook 06)."""
+    return set((_cpuinfo("flags") or "").split())
 
 
 def cpu_bf16_native() -> bool:
@@ -240,13 +242,8 @@ def synchronize(device: str | torch.device) -> None:
 
 
 def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    if _cpuinfo("model name"):
+        return _cpuinfo("model name")
     if platform.system() == "Darwin":
         try:
             out = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,

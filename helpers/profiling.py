@@ -18,7 +18,7 @@ import json
 import os
 import statistics
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -125,7 +125,7 @@ def profile_training(model: nn.Module, loader, device: str | torch.device, *, op
     quiet_profiler(device)
     prof = profile(activities=activities(device), schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
                    profile_memory=profile_memory) if enabled else None
-    with prof if prof is not None else _nothing():
+    with prof if prof is not None else nullcontext():
         for i in range(wait + warmup + active):
             t0 = time.perf_counter()
             times = annotated_step(model, optimizer, batches, device, loss_fn)
@@ -140,11 +140,6 @@ def profile_training(model: nn.Module, loader, device: str | torch.device, *, op
         run.trace = Path(trace)
     run.profiler = prof
     return run
-
-
-@contextmanager
-def _nothing():
-    yield
 
 
 def load_trace(trace) -> list:
@@ -557,9 +552,5 @@ def checkpointing_tradeoff(make_model: Callable[[], nn.Module], batch_size: int,
 
 def linear_fit(points: dict) -> tuple[float, float]:
     """Least-squares ``y = a + b x`` through ``{x: y}``: (intercept, slope), e.g. fixed MB and MB per image (notebook 09)."""
-    xs, ys = [float(x) for x in points], [float(y) for y in points.values()]
-    if len(xs) < 2:
-        raise ValueError("a line needs at least two points")
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-    return my - slope * mx, slope
+    slope, intercept = statistics.linear_regression([float(x) for x in points], [float(y) for y in points.values()])
+    return intercept, slope

@@ -201,13 +201,12 @@ def pack_results(folder: str | Path | None = None) -> Path:
         raise FileNotFoundError(f"no results files in {folder}: run a lesson to the end first")
     name = load_results(files[-1])["hardware"].get("name", "unknown")
     target = folder.parent / f"results-{name}.zip"
-    fd, tmp = tempfile.mkstemp(dir=folder.parent, prefix=".results-", suffix=".zip")
-    os.close(fd)
-    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
-        for path in files:
-            zf.write(path, f"results/{path.name}")
-    os.replace(tmp, target)  # atomic: never half a zip
-    return target
+
+    def write(fh):
+        with zipfile.ZipFile(fh, "w", zipfile.ZIP_DEFLATED) as zf:
+            for path in files:
+                zf.write(path, f"results/{path.name}")
+    return atomic_write(target, write)  # never half a zip
 
 
 def load_results(path: str | Path) -> dict:

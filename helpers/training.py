@@ -67,27 +67,29 @@ def _unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
-def evaluate(model: nn.Module, loader, device="auto", *, loss_fn=None, amp=False, host_inputs=()) -> dict:
-    """Mean loss and accuracy of ``model`` over ``loader`` without gradients (MATLAB ``testnet``; notebook 01)."""
-    device = pick_device(device)
-    model = _unwrap(model)
-    loss_fn = loss_fn or nn.CrossEntropyLoss()
-    dtype = resolve_amp(amp, device)
+def _outputs(model: nn.Module, loader, device, host_inputs, amp):
+    """``(output, target)`` of every batch in eval mode without gradients; the model's mode is restored after."""
+    model, dtype = _unwrap(model), resolve_amp(amp, device)
     was_training = model.training
     model.eval()
-    loss_sum = torch.zeros((), device=device)
-    correct = torch.zeros((), device=device, dtype=torch.long)
-    count = 0
-    with torch.inference_mode():
-        for batch in loader:
-            inputs, target = split_batch(batch, device, host_inputs)
-            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-                out = model(*inputs)
-                loss = loss_fn(out.float(), target)
-            loss_sum += loss * target.shape[0]
-            correct += (out.argmax(1) == target).sum()
-            count += target.shape[0]
-    model.train(was_training)
+    try:
+        with torch.inference_mode():
+            for batch in loader:
+                inputs, target = split_batch(batch, device, host_inputs)
+                with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                    yield model(*inputs).float(), target
+    finally:
+        model.train(was_training)
+
+
+def evaluate(model: nn.Module, loader, device="auto", *, loss_fn=None, amp=False, host_inputs=()) -> dict:
+    """Mean loss and accuracy of ``model`` over ``loader`` without gradients (MATLAB ``testnet``; notebook 01)."""
+    device, loss_fn = pick_device(device), loss_fn or nn.CrossEntropyLoss()
+    loss_sum, correct, count = torch.zeros((), device=device), torch.zeros((), device=device, dtype=torch.long), 0
+    for out, target in _outputs(model, loader, device, host_inputs, amp):
+        loss_sum += loss_fn(out, target) * target.shape[0]
+        correct += (out.argmax(1) == target).sum()
+        count += target.shape[0]
     if count == 0:
         raise ValueError("evaluate() got an empty loader")
     return {"loss": loss_sum.item() / count, "accuracy": correct.item() / count, "count": count}
@@ -95,19 +97,7 @@ def evaluate(model: nn.Module, loader, device="auto", *, loss_fn=None, amp=False
 
 def predict(model: nn.Module, loader, device="auto", *, host_inputs=(), amp=False) -> tuple[torch.Tensor, torch.Tensor]:
     """Scores and targets for every batch, gathered on the CPU (MATLAB ``minibatchpredict``; notebook 01)."""
-    device = pick_device(device)
-    model = _unwrap(model)
-    dtype = resolve_amp(amp, device)
-    was_training = model.training
-    model.eval()
-    scores, targets = [], []
-    with torch.inference_mode():
-        for batch in loader:
-            inputs, target = split_batch(batch, device, host_inputs)
-            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-                scores.append(model(*inputs).float())
-            targets.append(target)
-    model.train(was_training)
+    scores, targets = zip(*_outputs(model, loader, pick_device(device), host_inputs, amp))
     return torch.cat(scores).cpu(), torch.cat(targets).cpu()
 
 
