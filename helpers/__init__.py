@@ -23,7 +23,8 @@ LAYERS = (
      "measurements", ("predictions", "training", "gpt")),
     ("what the lessons run: sweeps, the DDP per-rank program, FSDP2, diagnose",
      ("sweep", "distributed", "sharding", "diagnose")),
-    ("the notebook preamble, exercises, figures", ("course", "plots")),
+    ("the exercises' checks, their answers computed from the learner's run", ("exercises",)),
+    ("the notebook preamble, solutions, figures", ("course", "plots")),
 )
 
 

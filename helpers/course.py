@@ -6,7 +6,6 @@ results" that opened the notebooks (notebook 00 explains each part).
 from __future__ import annotations
 
 import inspect
-import math
 import os
 import sys
 import time
@@ -17,12 +16,12 @@ from types import SimpleNamespace
 import torch
 
 from . import course_parameters, devices, results
+from .exercises import NOT_ATTEMPTED, check  # noqa: F401  the preamble's exercise checks
 from .predictions import PREDICTED
 
 # The GPU size tables' largest step, lesson 11's GPT, is predicted at 4.6 GiB (gpt.memory_prediction; tests/test_gpt.py
 # keeps it within a T4): an Apple GPU gets them from this much of Metal's recommended working set, with room to spare.
 APPLE_GPU_MIN_GIB = 8
-NOT_ATTEMPTED = "not attempted"  # the placeholder an exercise cell starts with when None is a valid answer
 
 
 def _display_markdown(text: str) -> None:
@@ -213,28 +212,6 @@ def setup(notebook: str, quick: bool, device: str, *, needs: str | None = "gpu",
         what = "No GPU" if needs == "gpu" else "No CUDA GPU"
         _display_markdown(" ".join(p for p in (f"**{what} in use here.**", note, refs) if p))
     return lesson
-
-
-def check(answer, expected=None, *, test=None, rel_tol: float | None = None, hint: str = "",
-          unset=None) -> bool:
-    """An exercise's self-check: "not attempted" while ``answer`` is ``unset``, else assert it (with ``hint``).
-    (notebook 00: every exercise)
-
-    Compare with ``expected`` (within ``rel_tol`` if given), or pass ``test``, a function of the answer that
-    returns True when it is right. Returns True when the answer was checked and right.
-    """
-    if answer is unset or (isinstance(unset, str) and answer == unset):
-        print("Not attempted yet: replace the placeholder above (the solution is in the cell below).")
-        return False
-    if test is not None:
-        ok = bool(test(answer))
-    elif rel_tol is not None:
-        ok = math.isclose(answer, expected, rel_tol=rel_tol)
-    else:
-        ok = answer == expected
-    assert ok, f"{answer!r} is not it. {hint}".strip()
-    print(f"Correct: {answer}")
-    return True
 
 
 SOLUTION_MARK = "# %% exercise "

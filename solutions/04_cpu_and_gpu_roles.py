@@ -4,5 +4,6 @@ Each section runs in the notebook's namespace after the cells above it and ends 
 """
 
 # %% exercise 1
+need = train_images_per_s[str(dev) if dev.type != "cpu" else "cpu"]  # images/s the step takes
 enough_workers = min((w for w, v in loader_images_per_s.items() if v >= need), default=None)
-check(enough_workers, expected, unset=NOT_ATTEMPTED);
+check("04.1", enough_workers);

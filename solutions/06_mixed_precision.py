@@ -6,4 +6,4 @@ Each section runs in the notebook's namespace after the cells above it and ends 
 # %% exercise 1
 k_min = next(k for k in range(40) if (torch.tensor(1e-8) * 2**k).half().item() != 0)
 print(k_min, (torch.tensor(1e-8) * 2**k_min).half().item())
-check(k_min, expected_k);
+check("06.1", k_min);

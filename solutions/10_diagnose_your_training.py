@@ -7,5 +7,4 @@ outside = 1 - 5900 / 14000  # 58 % of the real step is spent outside the model: 
 input_slower = 9000 < 14000  # and the pipeline alone is slower than the model alone
 copy_longer = 0.5 > 6.0  # copying does not take longer than waiting: input, not transfer (the floors never count)
 answer_bottleneck = "input"
-check(answer_bottleneck, classify(exercise_rates, exercise_phases, exercise_floors, exercise_batch)[0],
-      unset=NOT_ATTEMPTED)
+check("10.1", answer_bottleneck)

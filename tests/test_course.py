@@ -75,22 +75,6 @@ def test_save_writes_a_results_file(tmp_path, monkeypatch, capsys):
     assert "recorded:" in capsys.readouterr().out
 
 
-def test_check_not_attempted_right_and_wrong(capsys):
-    assert course.check(None, 3) is False
-    assert "Not attempted yet" in capsys.readouterr().out
-    assert course.check(course.NOT_ATTEMPTED, None, unset=course.NOT_ATTEMPTED) is False
-    assert course.check(None, None, unset=course.NOT_ATTEMPTED) is True  # None can be the right answer
-    assert course.check(3, 3) is True
-    assert course.check(1.005, 1.0, rel_tol=0.01) is True
-    assert course.check("err '10' '1'", test=lambda m: "'10'" in m) is True
-    with pytest.raises(AssertionError, match="4 is not it. Count again."):
-        course.check(4, 3, hint="Count again.")
-    with pytest.raises(AssertionError):
-        course.check(1.1, 1.0, rel_tol=0.01)
-    with pytest.raises(AssertionError):
-        course.check("no", test=lambda m: "'10'" in m)
-
-
 def test_show_source_is_the_real_source(monkeypatch):
     from helpers.models import SequenceClassifier
 

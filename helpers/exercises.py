@@ -1,0 +1,217 @@
+"""The exercises' checks: each computes its answer from the learner's own run, out of sight (every lesson).
+
+An exercise cell ends with ``check("03.1", copy_us)``: the check reads what the notebook measured (its global
+names), so the answer is never printed above the learner's placeholder. The untouched placeholder (None, or
+``NOT_ATTEMPTED`` where None can be right) is "not attempted"; a wrong answer raises with a hint, a specific one
+for each mistake listed beside the exercise (``tests/test_exercises.py`` tries every one).
+"""
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+NOT_ATTEMPTED = "not attempted"  # the placeholder of an exercise whose right answer can be None
+
+
+@dataclass
+class Answer:
+    """What is right (``value``, within ``rel_tol``, or ``test(answer)`` True), the hint, and the known mistakes:
+    ``(wrong answer, why it is wrong)`` (every exercise, from notebook 00 on)."""
+
+    value: object = None
+    hint: str = ""
+    rel_tol: float | None = None
+    test: Callable | None = None
+    wrong: list = field(default_factory=list)
+
+    def same(self, answer, value) -> bool:
+        if self.rel_tol is not None and isinstance(answer, (int, float)) and isinstance(value, (int, float)):
+            return math.isclose(answer, value, rel_tol=self.rel_tol)
+        return answer == value
+
+    def right(self, answer) -> bool:
+        return bool(self.test(answer)) if self.test else self.same(answer, self.value)
+
+
+def check(key: str, answer, *, namespace: dict | None = None) -> bool:
+    """Exercise ``key``'s check (notebook 00 and every lesson after it): "not attempted" on the placeholder, else True when ``answer`` is
+    right; a wrong answer raises AssertionError with a hint. ``namespace``: the notebook's names (default: the
+    caller's globals, where the lesson's measurements are)."""
+    ns = sys._getframe(1).f_globals if namespace is None else namespace
+    make, none_is_an_answer = EXERCISES[key]
+    want = make(ns)
+    if isinstance(want, str):  # nothing to check on this machine: the reason
+        print(want)
+        return False
+    if isinstance(answer, str) and answer == NOT_ATTEMPTED or answer is None and not none_is_an_answer:
+        print("Not attempted yet: replace the placeholder above (the solution is in the cell below).")
+        return False
+    if not want.right(answer):
+        why = next((why for wrong, why in want.wrong if want.same(answer, wrong)), want.hint)
+        raise AssertionError(f"{answer!r} is not it. {why}")
+    print(f"Correct: {answer}")
+    return True
+
+
+def _gflops(ns) -> Answer:
+    n, t = ns["n"], ns["measured"]["cpu"].median_s
+    return Answer(2 * n**3 / t / 1e9, "Divide the operation count 2·n³ by the median seconds, then by 1e9.", 0.01,
+                  wrong=[(n**3 / t / 1e9, "Each term is a multiply and an add: 2·n³ operations, not n³."),
+                         (2 * n**3 / t, "GFLOP/s: divide the FLOP/s by 1e9."),
+                         (2 * n**3 * t / 1e9, "A rate: divide by the seconds, don't multiply.")])
+
+
+def _unseen_label(ns) -> Answer:
+    return Answer(test=lambda m: isinstance(m, str) and "'10'" in m and "'1'" in m,
+                  hint="Catch the error of encoder.encode(['3', '10']) and keep str(err): it names the unseen label "
+                       "and the known classes.", wrong=[("'10'", "That is the label alone: keep the whole message.")])
+
+
+def _lstm(ns) -> Answer:
+    from .models import SequenceClassifier
+    from .training import evaluate
+
+    def trained(accuracy):  # unidirectional, this model's own test accuracy, better than guessing a speaker
+        lstm = ns.get("lstm")
+        if not isinstance(lstm, SequenceClassifier) or lstm.lstm.bidirectional:
+            return False
+        again = evaluate(lstm, ns["test_loader"], ns["dev"], host_inputs=(1,))
+        return abs(accuracy - again["accuracy"]) <= 1 / again["count"] and accuracy > 1 / len(ns["encoder"])
+    return Answer(test=trained, hint="Train a SequenceClassifier with bidirectional=False, keep it in lstm and store "
+                  "evaluate(lstm, ...)['accuracy'] in lstm_accuracy.",
+                  wrong=[(ns.get("test_accuracy"), "That is the BiLSTM's accuracy: train and evaluate the LSTM.")])
+
+
+def _half_size(ns) -> Answer:
+    rates = ns["matmul_results"]["cpu"]["fp32"]
+    best = max(rates, key=rates.get)
+    return Answer(min(s for s, g in rates.items() if g >= 0.5 * rates[best]),
+                  "Look for the first size with GFLOP/s ≥ half the best.",
+                  wrong=[(best, "That is the size of the best rate: the first size at half of it comes earlier.")])
+
+
+def _copy_us(ns) -> Answer:
+    gbps = max(ns["bandwidth"]["H2D pinned" if ns["cuda"] else "host→host copy"].values())
+    values = 256 * 3 * 32 * 32
+    return Answer(values * 4 / (gbps * 1e9) * 1e6, "bytes = 256·3·32·32·4, and GB/s means 1e9 bytes per second.",
+                  0.02, wrong=[(values / (gbps * 1e9) * 1e6, "A float32 value is 4 bytes."),
+                               (values * 4 / (gbps * 1e9), "That is seconds: the answer is in µs (× 1e6)."),
+                               (values * 4 / (gbps * 2**30) * 1e6, "GB/s here is 1e9 bytes per second, not 2**30.")])
+
+
+def _workers(ns) -> Answer:
+    dev = ns["dev"]
+    need = ns["train_images_per_s"][str(dev) if dev.type != "cpu" else "cpu"]
+    rates = ns["loader_images_per_s"]
+    return Answer(min((w for w, v in rates.items() if v >= need), default=None),
+                  f"Look for the first worker count with images/s ≥ {need:.0f} (None if there is none).",
+                  wrong=[(max(rates, key=rates.get), "That is the fastest count: the question asks for the first "
+                                                     "that keeps up with the training step.")])
+
+
+def _lr_8(_) -> Answer:
+    return Answer(0.8, "The global batch is 8 × 256 = 2048, 8 times the reference 256: the rate is 8 × 0.1.", 1e-9,
+                  wrong=[(0.1, "The linear scaling rule changes the rate with the global batch."),
+                         (0.1 * 8**0.5, "That is the square-root rule; the linear rule multiplies by 8."),
+                         (0.1 / 8, "A larger batch gets a larger rate: multiply by 8.")])
+
+
+def _diff_small(ns) -> Answer:
+    work = ns["work"]
+
+    def from_the_small_runs(d):  # the two files agree to d, and are not section 3's batch-32 run
+        if not all((work / name).exists() for name in ("one16.pt", "two8.pt")):
+            return False
+        one, two = (torch.load(work / name, weights_only=True) for name in ("one16.pt", "two8.pt"))
+        diff = ns["max_param_diff"]
+        return d <= 1e-6 and d == diff(one, two) and diff(one, ns["one_no_bn"]) > 1e-6
+    return Answer(test=from_the_small_runs, hint="Both runs must use --no-bn and the same data, and write "
+                  "work / 'one16.pt' and work / 'two8.pt' with --params-out; then compare the two files.")
+
+
+def _k_min(ns) -> Answer:
+    fp16 = [(torch.tensor(1e-8) * 2**k).half().item() for k in range(40)]
+    normal = next(k for k in range(40) if fp16[k] >= torch.finfo(torch.float16).tiny)
+    return Answer(next(k for k in range(40) if fp16[k] != 0), "Find the first k for which the product is not 0 in fp16.",
+                  wrong=[(normal, "From there fp16 is normal; below it subnormal values are not 0 yet.")])
+
+
+def _lr_epoch_55(_) -> Answer:
+    return Answer(0.01, "After the drop at epoch 50 the rate is 0.1 × 0.1.", 1e-9,
+                  wrong=[(0.1, "StepLR(step_size=50) has dropped the rate once by epoch 55."),
+                         (0.001, "One drop by epoch 55: the second comes at epoch 100.")])
+
+
+def _break_even(ns) -> Answer | str:
+    first = next(iter(ns["compiled"].values()))
+    if "error" in first or first.get("break_even_steps") is None:
+        return "Compiling did not make this step faster here, so it never pays off: nothing to compute."
+    saved_ms = first["eager_ms"] - first["compiled_ms"]
+    return Answer(first["break_even_steps"], "Saved per step = (eager_ms - compiled_ms) / 1000 seconds; divide the "
+                  "compile seconds by it.", 0.01,
+                  wrong=[(first["compile_seconds"] / saved_ms, "The saving is in ms: divide it by 1000 first.")])
+
+
+def _relu_intensity(_) -> Answer:
+    return Answer(1 / 8, "One FLOP per value; 4 bytes read + 4 bytes written per value.", 1e-9,
+                  wrong=[(1 / 4, "The result is written too: 4 bytes read and 4 written."),
+                         (8.0, "Intensity is FLOPs per byte, not bytes per FLOP.")])
+
+
+def _bound(ns) -> Answer:
+    from .profiling import verdict
+
+    bound = verdict(ns["exercise_phases"], busy_ms=ns["exercise_busy_ms"]).bound
+    return Answer(bound, "Input share: (data wait + copy) / the whole step; then the busy share of forward, backward "
+                  "and optimizer.", wrong=[(b, f"Not {b}: compute both shares and compare them with 20 % and 50 %.")
+                                          for b in ("input", "overhead", "compute") if b != bound])
+
+
+def _batch_16gib(ns) -> Answer:
+    fixed, per_image = ns["fixed_mb"], ns["per_image_mb"]
+    right = int((16384 - fixed) / per_image)
+    return Answer(right, "Subtract the fixed part from the memory, divide by the memory per image, round down.",
+                  test=lambda b: isinstance(b, (int, float)) and abs(b - right) <= 1,
+                  wrong=[(int(16384 / per_image), "The fixed part (weights, optimizer state) takes memory first.")])
+
+
+def _bottleneck(ns) -> Answer:
+    from .diagnose import classify
+
+    kind = classify(ns["exercise_rates"], ns["exercise_phases"], ns["exercise_floors"], ns["exercise_batch"])[0]
+    return Answer(kind, "Which share of the real step is spent outside the model: 1 - real / model? Then compare "
+                  "copying with waiting.", wrong=[(k, f"Not {k}: start from the share of the real step spent outside "
+                                                       "the model (the floors only count when it is small).")
+                                                   for k in ("input", "transfer", "overhead", "compute", "memory")
+                                                   if k != kind])
+
+
+def _flops_gpt2(ns) -> Answer:
+    from .gpt import GPTConfig, flops_per_token
+
+    cfg = GPTConfig(vocab=50_257, seq_len=1024, d_model=768, n_layers=12)
+    weights = 6 * (ns["n_blocks"] + cfg.vocab * cfg.d_model)
+    return Answer(flops_per_token(cfg, ns["n_blocks"])["total"], "6 × (85e6 + 50257 × 768) for the weights, plus "
+                  "12 × 12 × 1024 × 768 for attention.", 0.01,
+                  wrong=[(weights, "Attention's scores and weighted sum add 12·L·T·d per token."),
+                         (weights / 3, "Training is forward and backward: 6 FLOPs per weight per token, not 2.")])
+
+
+def _gib_states(ns) -> Answer:
+    n = ns["n_total"]
+    return Answer(16 * n / 2**30, "4 bytes weight + 4 gradient + 8 for AdamW's two moments = 16 bytes per parameter.",
+                  0.01, wrong=[(8 * n / 2**30, "AdamW keeps two moments per parameter: 8 bytes more."),
+                               (16 * n / 1e9, "GiB is 2**30 bytes, not 1e9.")])
+
+
+# key: (the answer from the notebook's names, whether None can be the right answer)
+EXERCISES = {"00.1": (_gflops, False), "01.1": (_unseen_label, False), "01.2": (_lstm, False),
+             "02.1": (_half_size, False), "03.1": (_copy_us, False), "04.1": (_workers, True),
+             "05.1": (_lr_8, False), "05.2": (_diff_small, False), "06.1": (_k_min, False),
+             "07.1": (_lr_epoch_55, False), "08.1": (_break_even, False), "08.2": (_relu_intensity, False),
+             "09.1": (_bound, False), "09.2": (_batch_16gib, False), "10.1": (_bottleneck, False),
+             "11.1": (_flops_gpt2, False), "11.2": (_gib_states, False)}

@@ -1,0 +1,133 @@
+"""Every exercise's check (helpers.exercises) on a stand-in for the notebook's measurements: the placeholder is "not
+attempted" and neither passes nor raises, the right answer passes, and every listed mistake raises with its own
+hint. And the exercise cells show no answer: each ends with ``check("NN.k", name)`` and computes nothing itself."""
+import json
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from helpers import exercises
+from helpers.exercises import NOT_ATTEMPTED, check
+from helpers.models import SequenceClassifier
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _namespaces(tmp_path) -> dict:
+    """Per exercise: ``(what the notebook measured, the right answer)``, numbers of the kind a run produces."""
+    pcie = {1024: 3.0, 2**20: 11.5}
+    return {
+        "00.1": ({"n": 512, "measured": {"cpu": SimpleNamespace(median_s=0.004)}}, 2 * 512**3 / 0.004 / 1e9),
+        "01.1": ({}, "label '10' was never seen in training; known classes: '1', '2', '3'"),
+        "02.1": ({"matmul_results": {"cpu": {"fp32": {64: 10.0, 128: 45.0, 256: 80.0, 512: 90.0}}}}, 128),
+        "03.1": ({"cuda": True, "bandwidth": {"H2D pinned": pcie}}, 256 * 3 * 32 * 32 * 4 / 11.5e9 * 1e6),
+        "04.1": ({"dev": torch.device("cpu"), "train_images_per_s": {"cpu": 900.0},
+                  "loader_images_per_s": {0: 400.0, 1: 950.0, 2: 1800.0}}, 1),
+        "05.1": ({}, 0.8),
+        "06.1": ({}, next(k for k in range(40) if (torch.tensor(1e-8) * 2**k).half().item() != 0)),
+        "07.1": ({}, 0.01),
+        "08.1": ({"compiled": {"fp32": {"eager_ms": 20.0, "compiled_ms": 15.0, "compile_seconds": 30.0,
+                                        "break_even_steps": 6000.0}}}, 6000.0),
+        "08.2": ({}, 0.125),
+        "09.1": ({"exercise_phases": {"data wait": 1.2, "host to device": 0.4, "forward": 2.1, "backward": 3.9,
+                                      "optimizer": 1.6}, "exercise_busy_ms": 2.3}, "overhead"),
+        "09.2": ({"fixed_mb": 384.0, "per_image_mb": 2.5}, 6400),
+        "10.1": ({"exercise_rates": {"real": 5900, "model": 14000, "input": 9000},
+                  "exercise_phases": {"data wait": 6.0, "host to device": 0.5, "forward": 3.0, "backward": 6.0,
+                                      "optimizer": 1.5},
+                  "exercise_floors": {"shares": {"overhead": 0.05, "compute": 0.6, "memory": 0.2}, "intensity": 40,
+                                      "ridge": 200},
+                  "exercise_batch": {"speedup": 1.2, "low": 1.1, "high": 1.3}}, "input"),
+        "11.1": ({"n_blocks": 85_000_000}, 6 * (85_000_000 + 50_257 * 768) + 12 * 12 * 1024 * 768),
+        "11.2": ({"n_total": 124_475_904}, 16 * 124_475_904 / 2**30),
+    }
+
+
+SIMPLE = sorted(set(exercises.EXERCISES) - {"01.2", "05.2"})  # those two need a trained model or two runs' files
+
+
+@pytest.mark.parametrize("key", SIMPLE)
+def test_placeholder_right_answer_and_every_listed_mistake(key, tmp_path, capsys):
+    ns, right = _namespaces(tmp_path)[key]
+    placeholder = NOT_ATTEMPTED if exercises.EXERCISES[key][1] else None
+    assert check(key, placeholder, namespace=ns) is False
+    assert "Not attempted yet" in capsys.readouterr().out
+    assert check(key, right, namespace=ns) is True
+    answer = exercises.EXERCISES[key][0](ns)
+    assert answer.wrong, f"{key} lists no mistake"
+    for wrong, why in answer.wrong:
+        with pytest.raises(AssertionError, match=re.escape(why)):
+            check(key, wrong, namespace=ns)
+    with pytest.raises(AssertionError, match=re.escape(answer.hint)):  # any other answer: the general hint
+        check(key, "something else" if isinstance(right, str) else -12345, namespace=ns)
+
+
+def test_none_is_an_answer_where_the_exercise_says_so(capsys):
+    ns = {"dev": torch.device("cpu"), "train_images_per_s": {"cpu": 5000.0}, "loader_images_per_s": {0: 400.0}}
+    assert check("04.1", None, namespace=ns) is True  # no worker count keeps up: None is right
+    with pytest.raises(AssertionError, match="the first that keeps up"):
+        check("04.1", 0, namespace=ns)
+
+
+def test_a_check_with_nothing_to_check_says_why_and_neither_passes_nor_raises(capsys):
+    ns = {"compiled": {"fp32": {"eager_ms": 20.0, "compiled_ms": 21.0, "compile_seconds": 30.0,
+                                "break_even_steps": None}}}
+    assert check("08.1", 123.0, namespace=ns) is False
+    assert "never pays off" in capsys.readouterr().out
+
+
+def test_the_lstm_exercise_wants_a_trained_unidirectional_model_and_its_own_accuracy():
+    """Lesson 01's exercise 2 evaluates the learner's model again: a copied BiLSTM accuracy, a bidirectional model
+    or an accuracy without a model do not pass."""
+    def ns(bidirectional):
+        model = None if bidirectional is None else SequenceClassifier(12, 9, bidirectional=bidirectional)
+        return {"lstm": model, "test_loader": None, "dev": "cpu", "encoder": list(range(9)), "test_accuracy": 0.8,
+                "evaluate": None}
+
+    evaluated = {"accuracy": 0.75, "count": 370}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("helpers.training.evaluate", lambda *a, **k: evaluated)
+        with pytest.raises(AssertionError, match="That is the BiLSTM's accuracy"):
+            check("01.2", 0.8, namespace=ns(False))
+        for bidirectional, answer in ((None, 0.75), (True, 0.75), (False, 0.5)):
+            with pytest.raises(AssertionError, match="bidirectional=False"):
+                check("01.2", answer, namespace=ns(bidirectional))
+        assert check("01.2", 0.75, namespace=ns(False)) is True
+
+
+def test_the_ddp_exercise_reads_the_two_runs_files_again(tmp_path):
+    """Lesson 05's exercise 2: diff_small = 0 without the runs, or section 3's run saved again, does not pass."""
+    diff = lambda a, b: max((a[k] - b[k]).abs().max().item() for k in a)  # noqa: E731
+    ns = {"work": tmp_path, "max_param_diff": diff, "one_no_bn": {"w": torch.zeros(2)}}
+    with pytest.raises(AssertionError, match="is not it"):
+        check("05.2", 0, namespace=ns)  # no runs: no files
+    for name in ("one16.pt", "two8.pt"):
+        torch.save({"w": torch.ones(2)}, tmp_path / name)
+    assert check("05.2", 0.0, namespace=ns) is True
+    for name in ("one16.pt", "two8.pt"):  # section 3's run again: not the small runs
+        torch.save({"w": torch.zeros(2)}, tmp_path / name)
+    with pytest.raises(AssertionError, match="is not it"):
+        check("05.2", 0.0, namespace=ns)
+
+
+def _code_cells(path: Path) -> list:
+    return ["".join(c["source"]) for c in json.loads(path.read_text(encoding="utf-8"))["cells"]
+            if c["cell_type"] == "code"]
+
+
+def test_every_exercise_is_checked_in_its_lesson_and_its_solution_and_its_cell_shows_no_answer():
+    called = re.compile(r'check\("(\d\d\.\d)", (\w+)\)')
+    found = {}
+    for nb in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        for source in _code_cells(nb):
+            for key, name in called.findall(source):
+                found[key] = nb.stem
+                assert key.startswith(nb.name[:2]), f"{nb.name} checks another lesson's exercise {key}"
+                assert "expected" not in source and ".bound" not in source and "classify(" not in source, \
+                    f"{nb.name}: exercise {key}'s cell computes its answer where the learner sees it"
+                solution = (ROOT / "solutions" / f"{nb.stem}.py").read_text(encoding="utf-8")
+                assert f'check("{key}", {name})' in solution, f"solutions/{nb.stem}.py does not end with the check"
+    assert sorted(found) == sorted(exercises.EXERCISES), "an exercise in helpers.exercises that no lesson asks"
