@@ -61,10 +61,17 @@ run: venv
 # watch the whole checkout), those that read the notebooks the first pass executed, and the browser tests.
 # OMP_WAIT_POLICY=PASSIVE in the first pass: torch's idle OpenMP threads sleep instead of spinning, or two workers'
 # threads on 2 cores spin against each other (measured on 4 lessons: 115 s spinning, 72 s passive, 99 s one at a time).
+# Before it, this machine's ceilings (cached, read by diagnose's verdicts and the lessons' MFU) are measured alone,
+# with one thread and with torch's default; a failure in the first pass still lets the second run, then fails.
 TEST_WORKERS ?= 2
 test: site-venv
-	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not serial and not executed and not browser"
-	$(PY) -m pytest -m "serial or executed or browser"
+	$(PY) -c "import torch; from helpers.ceilings import measured_ceilings; \
+		[(torch.set_num_threads(n), measured_ceilings('cpu')) for n in sorted({1, torch.get_num_threads()})]"
+	status=0; \
+	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile \
+		-m "not serial and not executed and not browser" || status=$$?; \
+	$(PY) -m pytest -m "serial or executed or browser" || status=$$?; \
+	exit $$status
 	$(PY) tools/course_times.py --check
 
 site: site-venv

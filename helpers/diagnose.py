@@ -500,13 +500,15 @@ def classify(rates: dict, phase_ms: dict, floors: dict | None = None, batch: dic
     waiting = (wait + moved) / (sum(phase_ms.values()) or 1)
     if inp < model or (outside >= INPUT_SHARE and waiting >= INPUT_SHARE / 2):
         why = (f"{outside:.0%} of the real step is spent outside the model" +
-               (" and the input alone is the slower side" if inp < model else f" (≥ {INPUT_SHARE:.0%})"))
+               (" and the input alone is the slower side" if inp < model else f" (≥ {INPUT_SHARE:.0%})") +
+               f"; its synchronised phases wait for input {waiting:.0%} of the time")
         if moved > wait:
             return "transfer", f"{said}: {why}; copying takes longer than waiting ({moved:.1f} vs {wait:.1f} ms)"
         return "input", f"{said}: {why}"
     if outside >= INPUT_SHARE:
         said += (f" (the real step ran {outside:.0%} slower than the model alone, but its synchronised phases wait "
-                 f"for input only {waiting:.0%} of the time: the difference is the machine's noise)")
+                 f"for input only {waiting:.0%} of the time: other work on the machine, or loader workers sharing "
+                 "its cores, slowed it)")
     scaling = _scaling(batch, floors)
     if not floors or "shares" not in floors:
         if batch and batch["low"] >= OVERHEAD_GAIN:

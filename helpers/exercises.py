@@ -8,6 +8,7 @@ for each mistake listed beside the exercise (``tests/test_exercises.py`` tries e
 from __future__ import annotations
 
 import math
+import numbers
 import sys
 from dataclasses import dataclass, field
 from typing import Callable
@@ -29,18 +30,18 @@ class Answer:
     wrong: list = field(default_factory=list)
 
     def same(self, answer, value) -> bool:
-        if self.rel_tol is not None and isinstance(answer, (int, float)) and isinstance(value, (int, float)):
-            return math.isclose(answer, value, rel_tol=self.rel_tol)
-        return answer == value
+        if self.rel_tol is not None and isinstance(answer, numbers.Real) and isinstance(value, numbers.Real):
+            return math.isclose(float(answer), float(value), rel_tol=self.rel_tol)
+        return bool(answer == value)
 
     def right(self, answer) -> bool:
         return bool(self.test(answer)) if self.test else self.same(answer, self.value)
 
 
 def check(key: str, answer, *, namespace: dict | None = None) -> bool:
-    """Exercise ``key``'s check (notebook 00 and every lesson after it): "not attempted" on the placeholder, else True when ``answer`` is
-    right; a wrong answer raises AssertionError with a hint. ``namespace``: the notebook's names (default: the
-    caller's globals, where the lesson's measurements are)."""
+    """Exercise ``key``'s check (notebook 00 and every lesson after it): "not attempted" on the placeholder, else
+    True when ``answer`` is right; a wrong answer raises AssertionError with a hint. ``namespace``: the notebook's
+    names (default: the caller's globals, where the lesson's measurements are)."""
     ns = sys._getframe(1).f_globals if namespace is None else namespace
     make, none_is_an_answer = EXERCISES[key]
     want = make(ns)
@@ -136,7 +137,7 @@ def _diff_small(ns) -> Answer:
 def _k_min(ns) -> Answer:
     fp16 = [(torch.tensor(1e-8) * 2**k).half().item() for k in range(40)]
     normal = next(k for k in range(40) if fp16[k] >= torch.finfo(torch.float16).tiny)
-    return Answer(next(k for k in range(40) if fp16[k] != 0), "Find the first k for which the product is not 0 in fp16.",
+    return Answer(next(k for k in range(40) if fp16[k] != 0), "Find the first k whose product is not 0 in fp16.",
                   wrong=[(normal, "From there fp16 is normal; below it subnormal values are not 0 yet.")])
 
 
@@ -183,11 +184,11 @@ def _bottleneck(ns) -> Answer:
     from .diagnose import classify
 
     kind = classify(ns["exercise_rates"], ns["exercise_phases"], ns["exercise_floors"], ns["exercise_batch"])[0]
-    return Answer(kind, "Which share of the real step is spent outside the model: 1 - real / model? Then compare "
-                  "copying with waiting.", wrong=[(k, f"Not {k}: start from the share of the real step spent outside "
-                                                       "the model (the floors only count when it is small).")
-                                                   for k in ("input", "transfer", "overhead", "compute", "memory")
-                                                   if k != kind])
+    return Answer(kind, "Which side is slower, the input alone or the model alone? Which share of the real step is "
+                  "spent outside the model (1 - real / model)? Then compare copying with waiting.",
+                  wrong=[(k, f"Not {k}: first compare the input alone with the model alone, then the share of the real "
+                             "step spent outside the model (the floors decide only when neither points to the input).")
+                         for k in ("input", "transfer", "overhead", "compute", "memory") if k != kind])
 
 
 def _flops_gpt2(ns) -> Answer:

@@ -97,8 +97,10 @@ def evaluate(model: nn.Module, loader, device="auto", *, loss_fn=None, amp=False
 
 def predict(model: nn.Module, loader, device="auto", *, host_inputs=(), amp=False) -> tuple[torch.Tensor, torch.Tensor]:
     """Scores and targets for every batch, gathered on the CPU (MATLAB ``minibatchpredict``; notebook 01)."""
-    scores, targets = zip(*_outputs(model, loader, pick_device(device), host_inputs, amp))
-    return torch.cat(scores).cpu(), torch.cat(targets).cpu()
+    pairs = list(_outputs(model, loader, pick_device(device), host_inputs, amp))
+    if not pairs:
+        raise ValueError("predict() got an empty loader")
+    return torch.cat([s for s, _ in pairs]).cpu(), torch.cat([t for _, t in pairs]).cpu()
 
 
 def flip_accuracy(model: nn.Module, loader, device="auto", *, amp=False) -> dict:

@@ -7,7 +7,7 @@ Each section runs in the notebook's namespace after the cells above it and ends 
 try:
     encoder.encode(["3", "10"])
 except UnseenLabelError as err:
-    message = str(err)
+    message = str(err)  # the encoder's own words: the unseen label and the classes it knows
 check("01.1", message);
 
 

@@ -173,6 +173,7 @@ def test_budget_chooses_epochs_from_the_measured_speed(capsys):
     assert distributed._budget_epochs(args, me, {}, 50000) == args.epochs
 
 
+@pytest.mark.serial  # training must end within 1 s of its 6-s budget
 def test_budget_run_end_to_end(tmp_path):
     """A budgeted run measures its speed, picks its epochs, trains them, and records both throughputs."""
     import json

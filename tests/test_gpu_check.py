@@ -23,6 +23,9 @@ try:
 finally:
     sys.path.remove(str(ROOT / "tools"))
 WHEELHOUSE = ROOT / "build" / "test-wheelhouse"
+# One at a time (make test's second pass): the module's node stand-in is built once, and the run compares the whole
+# checkout before and after, so no other test may write into it meanwhile.
+pytestmark = pytest.mark.serial
 NODE_PACKAGES = ["torch", "torchvision", "numpy", "matplotlib", "pandas", "tqdm"]
 NOTEBOOK_TOOLS = {"papermill", "nbclient", "nbformat", "ipykernel", "jupyter-client", "ipython", "pyzmq"}
 
@@ -77,7 +80,6 @@ def test_gpu_check_refuses_without_a_gpu_in_one_line(node, tmp_path):
     assert not (tmp_path / "out").exists(), "nothing is written before the checks pass"
 
 
-@pytest.mark.serial  # compares the whole checkout before and after: no other test may write into it meanwhile
 def test_gpu_check_installs_tools_from_wheelhouse_and_runs_a_notebook(node, tmp_path):
     out = tmp_path / "out"
     before = checkout_files()
