@@ -1,4 +1,5 @@
-"""The exercises' checks: each computes its answer from the learner's own run, out of sight (every lesson).
+"""The exercises' checks: each computes its answer from the learner's own run, out of sight (every lesson), and the
+predict-then-measure exercises' feedback (``predicted``).
 
 An exercise cell ends with ``check("03.1", copy_us)``: the check reads what the notebook measured (its global
 names), so the answer is never printed above the learner's placeholder. The untouched placeholder (None, or
@@ -216,3 +217,52 @@ EXERCISES = {"00.1": (_gflops, False), "01.1": (_unseen_label, False), "01.2": (
              "07.1": (_lr_epoch_55, False), "08.1": (_break_even, False), "08.2": (_relu_intensity, False),
              "09.1": (_bound, False), "09.2": (_batch_16gib, False), "10.1": (_bottleneck, False),
              "11.1": (_flops_gpt2, False), "11.2": (_gib_states, False)}
+
+
+def predicted(key: str, guess, *, namespace: dict | None = None) -> float | None:
+    """A predict-then-measure exercise (notebooks 02 and 06): the learner wrote ``guess`` before the cell that
+    measures; this says how far it is from what this machine measured, and what set the measured value. It never
+    raises (a prediction is for learning, not a test); returns measured / guess, or None."""
+    ns = sys._getframe(1).f_globals if namespace is None else namespace
+    measured, unit, why = PREDICTIONS[key][0](ns)
+    if guess is None or isinstance(guess, str) and guess == NOT_ATTEMPTED:
+        print("No prediction written: write your number in the cell before the measurement, then run both again.")
+        return None
+    if measured is None:
+        print(why)
+        return None
+    ratio = measured / guess if guess else math.inf
+    off = max(ratio, 1 / ratio) if 0 < ratio < math.inf else math.inf
+    how = "within 25 % of your guess" if off <= 1.25 else f"{off:.3g}× {'above' if ratio > 1 else 'below'} your guess"
+    print(f"You predicted {guess:g}{unit}; this machine measured {measured:.3g}{unit}: {how}. Why: {why}")
+    return ratio
+
+
+def _matmul_peak(ns) -> tuple:
+    rates = ns["matmul_results"]["cpu"]["fp32"]
+    small, best = min(rates), max(rates, key=rates.get)
+    return rates[best], " GFLOP/s", (
+        f"the best fp32 product was n = {best} on {torch.get_num_threads()} thread(s); at n = {small} it made "
+        f"{rates[small]:.0f} GFLOP/s. A large product does 2n³ operations on 3n² values, reusing each value n "
+        "times, so it runs near the cores' arithmetic peak; a small one pays its fixed costs (section 2).")
+
+
+def _amp_speedup(ns) -> tuple:
+    from .devices import cpu_bf16_native
+
+    steps, dev = ns["step_ms"], ns["dev"]
+    half = next((p for p in ("bf16", "fp16") if p in steps), None)
+    if half is None:
+        return None, "", "No half-precision step was measured in this run (its time budget left none)."
+    said = f" (fp32 {steps['fp32']:.1f} ms, {half} {steps[half]:.1f} ms per step)."
+    if dev.type == "cpu" and not cpu_bf16_native():
+        return steps["fp32"] / steps[half], "×", ("this CPU has no bf16 instructions (no avx512_bf16 or amx_bf16 "
+                                                 "flag, section 3): bf16 runs without hardware support for it" + said)
+    return steps["fp32"] / steps[half], "×", ("autocast runs linear layers and convolutions in half precision, "
+                                             "a listed set of operations (losses among them) in fp32, and every "
+                                             "other one in its inputs' dtype (section 1): the step gains what its "
+                                             "products gain, diluted by the rest" + said)
+
+
+# key: (measured value, unit and why from the notebook's names; the name the measuring cell assigns)
+PREDICTIONS = {"02.p": (_matmul_peak, "matmul_results"), "06.p": (_amp_speedup, "step_ms")}
