@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import torch
 
 from . import course_parameters, devices, results
-from .exercises import NOT_ATTEMPTED, check, predicted  # noqa: F401  the preamble's exercise checks
+from .exercises import NOT_ATTEMPTED, check, check_prediction  # noqa: F401  the preamble's exercises
 from .predictions import PREDICTED
 
 # The GPU size tables' largest step, lesson 11's GPT, is predicted at 4.6 GiB (gpt.memory_prediction; tests/test_gpt.py

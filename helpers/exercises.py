@@ -1,5 +1,5 @@
 """The exercises' checks: each computes its answer from the learner's own run, out of sight (every lesson), and the
-predict-then-measure exercises' feedback (``predicted``).
+predict-then-measure exercises' feedback (``check_prediction``).
 
 An exercise cell ends with ``check("03.1", copy_us)``: the check reads what the notebook measured (its global
 names), so the answer is never printed above the learner's placeholder. The untouched placeholder (None, or
@@ -111,8 +111,9 @@ def _workers(ns) -> Answer:
     rates = ns["loader_images_per_s"]
     return Answer(min((w for w, v in rates.items() if v >= need), default=None),
                   f"Look for the first worker count with images/s ≥ {need:.0f} (None if there is none).",
-                  wrong=[(max(rates, key=rates.get), "That is the fastest count: the question asks for the first "
-                                                     "that keeps up with the training step.")])
+                  wrong=[(max(rates, key=rates.get), f"That is the fastest count: the question asks for the first "
+                                                     f"that keeps up with the step (≥ {need:.0f} images/s; None if "
+                                                     "none does).")])
 
 
 def _lr_8(_) -> Answer:
@@ -184,11 +185,16 @@ def _batch_16gib(ns) -> Answer:
 def _bottleneck(ns) -> Answer:
     from .diagnose import classify
 
-    kind = classify(ns["exercise_rates"], ns["exercise_phases"], ns["exercise_floors"], ns["exercise_batch"])[0]
+    rates, phases = ns["exercise_rates"], ns["exercise_phases"]
+    kind = classify(rates, phases, ns["exercise_floors"], ns["exercise_batch"])[0]
+    wait, copy = phases["data wait"], phases["host to device"]
+    why = {"transfer": f"copying ({copy:g} ms) is {'shorter' if copy < wait else 'longer'} than waiting ({wait:g} ms)."}
+    side = (f"the input alone ({rates['input']:,}/s) is slower than the model alone ({rates['model']:,}/s): that "
+            "decides before any floor." if rates["input"] < rates["model"] else
+            "first the share of the real step spent outside the model, and whether the phases wait for input.")
     return Answer(kind, "Which side is slower, the input alone or the model alone? Which share of the real step is "
                   "spent outside the model (1 - real / model)? Then compare copying with waiting.",
-                  wrong=[(k, f"Not {k}: first compare the input alone with the model alone, then the share of the real "
-                             "step spent outside the model (the floors decide only when neither points to the input).")
+                  wrong=[(k, f"Not {k}: " + why.get(k, side))
                          for k in ("input", "transfer", "overhead", "compute", "memory") if k != kind])
 
 
@@ -219,50 +225,61 @@ EXERCISES = {"00.1": (_gflops, False), "01.1": (_unseen_label, False), "01.2": (
              "11.1": (_flops_gpt2, False), "11.2": (_gib_states, False)}
 
 
-def predicted(key: str, guess, *, namespace: dict | None = None) -> float | None:
+def check_prediction(key: str, guess, *, namespace: dict | None = None) -> float | None:
     """A predict-then-measure exercise (notebooks 02 and 06): the learner wrote ``guess`` before the cell that
     measures; this says how far it is from what this machine measured, and what set the measured value. It never
     raises (a prediction is for learning, not a test); returns measured / guess, or None."""
     ns = sys._getframe(1).f_globals if namespace is None else namespace
     measured, unit, why = PREDICTIONS[key][0](ns)
     if guess is None or isinstance(guess, str) and guess == NOT_ATTEMPTED:
-        print("No prediction written: write your number in the cell before the measurement, then run both again.")
+        print("No prediction written: write your number in its cell and run that cell, then this one (no need to "
+              "measure again).")
+        return None
+    if not isinstance(guess, numbers.Real) or isinstance(guess, bool):
+        print(f"A prediction is a number, not {guess!r}.")
         return None
     if measured is None:
         print(why)
         return None
-    ratio = measured / guess if guess else math.inf
-    off = max(ratio, 1 / ratio) if 0 < ratio < math.inf else math.inf
-    how = "within 25 % of your guess" if off <= 1.25 else f"{off:.3g}× {'above' if ratio > 1 else 'below'} your guess"
+    ratio = measured / guess if guess > 0 else math.inf
+    how = ("within 25 % of your guess" if 0.8 <= ratio <= 1.25 else f"{ratio:.3g} times your guess" if ratio > 1
+           else f"1/{1 / ratio:.3g} of your guess" if ratio > 0 else "not above 0")
     print(f"You predicted {guess:g}{unit}; this machine measured {measured:.3g}{unit}: {how}. Why: {why}")
     return ratio
+
+
+def _run(ns) -> str:
+    lesson = ns.get("lesson")
+    return ("quick mode, smaller sizes" if getattr(lesson, "quick", False) else
+            "sized to a time budget" if getattr(lesson, "budget_s", None) else "")
 
 
 def _matmul_peak(ns) -> tuple:
     rates = ns["matmul_results"]["cpu"]["fp32"]
     small, best = min(rates), max(rates, key=rates.get)
+    run = f" (this run: {_run(ns)}, the largest size n = {max(rates)})" if _run(ns) else ""
     return rates[best], " GFLOP/s", (
-        f"the best fp32 product was n = {best} on {torch.get_num_threads()} thread(s); at n = {small} it made "
+        f"the best fp32 product was n = {best} on {torch.get_num_threads()} thread(s){run}; at n = {small} it made "
         f"{rates[small]:.0f} GFLOP/s. A large product does 2n³ operations on 3n² values, reusing each value n "
-        "times, so it runs near the cores' arithmetic peak; a small one pays its fixed costs (section 2).")
+        "times, so it approaches the cores' arithmetic peak; a small one pays its fixed costs (section 2).")
 
 
 def _amp_speedup(ns) -> tuple:
     from .devices import cpu_bf16_native
 
-    steps, dev = ns["step_ms"], ns["dev"]
-    half = next((p for p in ("bf16", "fp16") if p in steps), None)
-    if half is None:
+    steps, dev, speedup = ns["step_ms"], ns["dev"], ns["amp_speedup"]
+    if speedup is None:
         return None, "", "No half-precision step was measured in this run (its time budget left none)."
-    said = f" (fp32 {steps['fp32']:.1f} ms, {half} {steps[half]:.1f} ms per step)."
+    half = min((k for k in steps if not k.startswith(("fp32", "tf32"))), key=steps.get)
+    said = (f" (fp32 {steps['fp32']:.1f} ms, {half} {steps[half]:.1f} ms per step" +
+            (f"; {_run(ns)}" if _run(ns) else "") + ").")
     if dev.type == "cpu" and not cpu_bf16_native():
-        return steps["fp32"] / steps[half], "×", ("this CPU has no bf16 instructions (no avx512_bf16 or amx_bf16 "
-                                                 "flag, section 3): bf16 runs without hardware support for it" + said)
-    return steps["fp32"] / steps[half], "×", ("autocast runs linear layers and convolutions in half precision, "
-                                             "a listed set of operations (losses among them) in fp32, and every "
-                                             "other one in its inputs' dtype (section 1): the step gains what its "
-                                             "products gain, diluted by the rest" + said)
+        return speedup, "×", ("this CPU does not report bf16 instructions (the setup note at the top): without them "
+                              "bf16 is not faster than fp32, as this lesson measures" + said)
+    return speedup, "×", ("autocast runs the convolutions and matrix products in half precision; what the whole "
+                          "step gains depends on what bounds it (section 4: a step bound by overhead gains little "
+                          "or nothing)" + said)
 
 
 # key: (measured value, unit and why from the notebook's names; the name the measuring cell assigns)
-PREDICTIONS = {"02.p": (_matmul_peak, "matmul_results"), "06.p": (_amp_speedup, "step_ms")}
+PREDICTIONS = {"02.p": (_matmul_peak, "matmul_results"), "06.p": (_amp_speedup, "amp_speedup")}

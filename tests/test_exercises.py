@@ -134,37 +134,50 @@ def test_every_exercise_is_checked_in_its_lesson_and_its_solution_and_its_cell_s
 
 
 def test_a_prediction_is_compared_with_the_measurement_and_never_raises(capsys, monkeypatch):
-    from helpers.exercises import predicted
+    from helpers.exercises import check_prediction
 
     ns = {"matmul_results": {"cpu": {"fp32": {64: 10.0, 512: 80.0, 1024: 90.0}}}}
-    assert predicted("02.p", None, namespace=ns) is None
+    assert check_prediction("02.p", None, namespace=ns) is None
     assert "No prediction written" in capsys.readouterr().out
-    assert predicted("02.p", 30.0, namespace=ns) == pytest.approx(3.0)
+    assert check_prediction("02.p", 30.0, namespace=ns) == pytest.approx(3.0)
     said = capsys.readouterr().out
-    assert "You predicted 30 GFLOP/s; this machine measured 90 GFLOP/s: 3× above your guess" in said
-    assert "n = 1024" in said and "at n = 64 it made 10 GFLOP/s" in said
-    assert predicted("02.p", 100.0, namespace=ns) == pytest.approx(0.9)
+    assert "You predicted 30 GFLOP/s; this machine measured 90 GFLOP/s: 3 times your guess" in said
+    assert "n = 1024" in said and "at n = 64 it made 10 GFLOP/s" in said and "quick mode" not in said
+    assert check_prediction("02.p", 100.0, namespace=ns) == pytest.approx(0.9)
     assert "within 25 % of your guess" in capsys.readouterr().out
-    assert predicted("02.p", 0, namespace=ns) == float("inf")  # a guess of 0 is far off, not a crash
-    steps = {"fp32": 40.0, "fp32 + channels_last": 38.0, "bf16": 200.0}
+    assert check_prediction("02.p", 0, namespace=ns) == float("inf")  # a guess of 0 is far off, not a crash
+    assert check_prediction("02.p", "ninety", namespace=ns) is None
+    assert "A prediction is a number" in capsys.readouterr().out
+    check_prediction("02.p", 90.0, namespace=dict(ns, lesson=SimpleNamespace(quick=True, budget_s=None)))
+    assert "quick mode, smaller sizes, the largest size n = 1024" in capsys.readouterr().out
+    steps = {"fp32": 40.0, "fp32 + channels_last": 38.0, "bf16": 200.0, "bf16 + channels_last": 210.0}
+    cpu = {"step_ms": steps, "dev": torch.device("cpu"), "amp_speedup": 0.2}
     monkeypatch.setattr("helpers.devices.cpu_bf16_native", lambda: False)
-    assert predicted("06.p", 2.0, namespace={"step_ms": steps, "dev": torch.device("cpu")}) == pytest.approx(0.1)
+    assert check_prediction("06.p", 2.0, namespace=cpu) == pytest.approx(0.1)
     said = capsys.readouterr().out
-    assert "10× below your guess" in said and "no bf16 instructions" in said and "bf16 200.0 ms" in said
+    assert "1/10 of your guess" in said and "does not report bf16 instructions" in said and "bf16 200.0 ms" in said
     monkeypatch.setattr("helpers.devices.cpu_bf16_native", lambda: True)
-    predicted("06.p", 2.0, namespace={"step_ms": steps, "dev": torch.device("cpu")})
-    assert "a listed set of operations" in capsys.readouterr().out
-    assert predicted("06.p", 2.0, namespace={"step_ms": {"fp32": 40.0}, "dev": torch.device("cpu")}) is None
+    check_prediction("06.p", 2.0, namespace=cpu)
+    assert "depends on what bounds it" in capsys.readouterr().out
+    assert check_prediction("06.p", 2.0, namespace=dict(cpu, amp_speedup=None)) is None
     assert "No half-precision step was measured" in capsys.readouterr().out
+
+
+def test_the_bottleneck_exercise_says_why_each_wrong_answer_is_wrong():
+    ns, right = _namespaces(None)["10.1"]
+    with pytest.raises(AssertionError, match=r"copying \(0.5 ms\) is shorter than waiting \(6 ms\)"):
+        check("10.1", "transfer", namespace=ns)
+    with pytest.raises(AssertionError, match=r"the input alone \(9,000/s\) is slower than the model alone"):
+        check("10.1", "compute", namespace=ns)
 
 
 def test_every_prediction_is_written_before_its_measurement_and_compared_after_it():
     for key, (_, measured_name) in exercises.PREDICTIONS.items():
         nb = next((ROOT / "notebooks").glob(f"{key[:2]}_*.ipynb"))
         cells = _code_cells(nb)
-        compared = [i for i, s in enumerate(cells) if f'predicted("{key}", ' in s]
+        compared = [i for i, s in enumerate(cells) if f'check_prediction("{key}", ' in s]
         assert len(compared) == 1, f"{nb.name} compares prediction {key} {len(compared)} times"
-        guess = re.search(rf'predicted\("{re.escape(key)}", (\w+)\)', cells[compared[0]]).group(1)
+        guess = re.search(rf'check_prediction\("{re.escape(key)}", (\w+)\)', cells[compared[0]]).group(1)
         written = [i for i, s in enumerate(cells) if re.search(rf"^{guess} = None", s, re.M)]
         measured = [i for i, s in enumerate(cells) if re.search(rf"^{measured_name}\b.*=", s, re.M)]
         assert written and measured, (key, written, measured)
