@@ -38,7 +38,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "Installing the course into $(VENV) (first time: a few minutes, PyTorch is large)..."
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[dev]" 2>&1 | grep -v "^WARNING: Location" || true
-	@$(PY) -c "import torch, torchvision, helpers, nbval, papermill" || { echo "install failed: see the pip output above"; exit 1; }
+	@$(PY) -c "import torch, torchvision, helpers, nbval, papermill, xdist" || { echo "install failed: see the pip output above"; exit 1; }
 	@touch $@
 
 # The site generator and the browser-test driver: an extra that `make run` does not need.
