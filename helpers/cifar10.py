@@ -52,7 +52,8 @@ def _class_files(root: Path, per_class: int | None) -> tuple[list, list, list]:
     files, labels = [], []
     for label, name in enumerate(classes):
         mine = sorted(f for f in (root / name).iterdir() if f.suffix.lower() in IMAGE_SUFFIXES)[:per_class]
-        files, labels = files + mine, labels + [label] * len(mine)
+        files.extend(mine)
+        labels.extend([label] * len(mine))
     return classes, files, labels
 
 

@@ -242,8 +242,8 @@ def synchronize(device: str | torch.device) -> None:
 
 
 def _cpu_model() -> str:
-    if _cpuinfo("model name"):
-        return _cpuinfo("model name")
+    if name := _cpuinfo("model name"):
+        return name
     if platform.system() == "Darwin":
         try:
             out = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,

@@ -485,12 +485,12 @@ def classify(rates: dict, phase_ms: dict, floors: dict | None = None, batch: dic
     ``rates``: items/s of the real step, the model alone and the input alone. Input (or transfer, when copying
     takes longer than waiting): the input alone is slower than the model alone, or the real step spends
     ``INPUT_SHARE`` or more of its time outside the model and the synchronised phases agree (data wait and copy
-    take at least half that share: a real step slowed by a busy machine is not an input-bound one). Otherwise the floor (``_floors``: overhead, compute,
-    memory) that explains the largest share of the model's step, when it explains ``FLOOR_EXPLAINS`` of it; when
-    none does, overhead if twice the batch gives ``OVERHEAD_GAIN``× the items/s at the lower end of its interval
-    (``batch``: the paired batch lever) or if every floor is under ``FLOOR_FAR`` of the step (it is made of fixed
-    costs the count does not see: work inside fused operators, Python), else the closest floor. Batch scaling is
-    otherwise corroboration only.
+    take at least half that share: a real step slowed by a busy machine is not an input-bound one). Otherwise the
+    floor (``_floors``: overhead, compute, memory) that explains the largest share of the model's step, when it
+    explains ``FLOOR_EXPLAINS`` of it; when none does, overhead if twice the batch gives ``OVERHEAD_GAIN``× the
+    items/s at the lower end of its interval (``batch``: the paired batch lever) or if every floor is under
+    ``FLOOR_FAR`` of the step (it is made of fixed costs the count does not see: work inside fused operators,
+    Python), else the closest floor. Batch scaling is otherwise corroboration only.
     """
     real, model, inp = rates["real"], rates["model"], rates["input"]
     outside = max(0.0, 1 - real / model)

@@ -166,11 +166,12 @@ def _relu_intensity(_) -> Answer:
 
 
 def _bound(ns) -> Answer:
-    from .profiling import verdict
+    from .profiling import INPUT_BOUND_SHARE, OVERHEAD_BOUND_BUSY, verdict
 
     bound = verdict(ns["exercise_phases"], busy_ms=ns["exercise_busy_ms"]).bound
+    limits = f"{INPUT_BOUND_SHARE:.0%} and {OVERHEAD_BOUND_BUSY:.0%}"
     return Answer(bound, "Input share: (data wait + copy) / the whole step; then the busy share of forward, backward "
-                  "and optimizer.", wrong=[(b, f"Not {b}: compute both shares and compare them with 20 % and 50 %.")
+                  "and optimizer.", wrong=[(b, f"Not {b}: compute both shares and compare them with {limits}.")
                                           for b in ("input", "overhead", "compute") if b != bound])
 
 
@@ -256,8 +257,8 @@ def _run(ns) -> str:
 
 def _matmul_peak(ns) -> tuple:
     rates = ns["matmul_results"]["cpu"]["fp32"]
-    small, best = min(rates), max(rates, key=rates.get)
-    run = f" (this run: {_run(ns)}, the largest size n = {max(rates)})" if _run(ns) else ""
+    small, best, mode = min(rates), max(rates, key=rates.get), _run(ns)
+    run = f" (this run: {mode}, the largest size n = {max(rates)})" if mode else ""
     return rates[best], " GFLOP/s", (
         f"the best fp32 product was n = {best} on {torch.get_num_threads()} thread(s){run}; at n = {small} it made "
         f"{rates[small]:.0f} GFLOP/s. A large product does 2n³ operations on 3n² values, reusing each value n "
@@ -270,9 +271,8 @@ def _amp_speedup(ns) -> tuple:
     steps, dev, speedup = ns["step_ms"], ns["dev"], ns["amp_speedup"]
     if speedup is None:
         return None, "", "No half-precision step was measured in this run (its time budget left none)."
-    half = min((k for k in steps if not k.startswith(("fp32", "tf32"))), key=steps.get)
-    said = (f" (fp32 {steps['fp32']:.1f} ms, {half} {steps[half]:.1f} ms per step" +
-            (f"; {_run(ns)}" if _run(ns) else "") + ").")
+    half, mode = min((k for k in steps if not k.startswith(("fp32", "tf32"))), key=steps.get), _run(ns)
+    said = f" (fp32 {steps['fp32']:.1f} ms, {half} {steps[half]:.1f} ms per step" + (f"; {mode}" if mode else "") + ")."
     if dev.type == "cpu" and not cpu_bf16_native():
         return speedup, "×", ("this CPU does not report bf16 instructions (the setup note at the top): without them "
                               "bf16 is not faster than fp32, as this lesson measures" + said)

@@ -106,4 +106,3 @@ def test_the_address_check_can_fail():
     assert slug not in _by_hand(name, json.dumps(nb))
     nb["cells"][5]["source"].append(f"see https://github.com/{slug}/issues")
     assert slug in _by_hand(name, json.dumps(nb))
-
