@@ -227,7 +227,7 @@ EXERCISES = {"00.1": (_gflops, False), "01.1": (_unseen_label, False), "01.2": (
 
 
 def check_prediction(key: str, guess, *, namespace: dict | None = None) -> float | None:
-    """A predict-then-measure exercise (notebooks 02 and 06): the learner wrote ``guess`` before the cell that
+    """A predict-then-measure exercise (notebooks 01-06, 08, 09, 11): the learner wrote ``guess`` before the cell that
     measures; this says how far it is from what this machine measured, and what set the measured value. It never
     raises (a prediction is for learning, not a test); returns measured / guess, or None."""
     ns = sys._getframe(1).f_globals if namespace is None else namespace
@@ -265,6 +265,75 @@ def _matmul_peak(ns) -> tuple:
         "times, so it approaches the cores' arithmetic peak; a small one pays its fixed costs (section 2).")
 
 
+def _step_growth(ns) -> tuple:
+    times = ns["step_s"]["cpu"][ns["hidden"]]
+    small, large = min(times), max(times)
+    grew, run = times[large] / times[small], _run(ns)
+    return grew, "×", (
+        f"the batch grew {large / small:g}× (batch {small} to {large}, one CPU thread{'; ' + run if run else ''}) and "
+        f"the step's time {grew:.3g}×. A time that grows far less than the batch is the cheap test's sign of overhead: "
+        "fixed costs per step and per operation set it, not arithmetic (section 5); one that grows as fast as the "
+        "batch is compute- or memory-bound.")
+
+
+def _copy_gbps(ns) -> tuple:
+    from .transfer import format_bytes
+
+    label = "H2D pinned" if ns["cuda"] else "host→host copy"
+    rates = ns["bandwidth"][label]
+    large, small = max(rates), min(rates)
+    return rates[large], " GB/s", (
+        f"the {label} of {format_bytes(large)} (the largest here; {format_bytes(small)} made {rates[small]:.2g} GB/s). "
+        "A large copy runs at the rate of its slowest link (main memory on a CPU, the PCIe or NVLink bus to a GPU); a "
+        "small one pays a fixed cost per copy first (section 1).")
+
+
+def _sweep_speedup(ns) -> tuple:
+    from .devices import usable_cpus
+
+    n = ns["processes"]
+    return ns["parallel_sweep_speedup"], "×", (
+        f"{n} processes shared {usable_cpus()} usable core(s): at most {n}×. Starting each process, loading the data "
+        "in each, and trials of unequal length (the last one finishes alone) take some of it back.")
+
+
+def _ddp_speedup(ns) -> tuple:
+    n = max(int(k) for k in ns["speedup"] if k.isdigit())
+    where = ns["worker_device"]
+    return ns["speedup"][str(n)], "×", (
+        f"DDP with {n} {where} worker(s), against one plain process." + (
+            " CPU workers share this machine's cores, so each gets a slice of the same arithmetic, and the gradient "
+            "all-reduce comes on top: expect less than one plain process." if where == "cpu" else
+            " Each GPU computes its share; the gradients' all-reduce and a step's fixed costs are not divided."))
+
+
+def _compile_speedup(ns) -> tuple:
+    name, first = next(iter(ns["compiled"].items()))
+    if first.get("speedup") is None:
+        return None, "", f"{name}: not compiled in this run ({first.get('error', 'left out')})."
+    return first["speedup"], "×", (
+        f"{name}: compiling fuses chains of elementwise operations into fewer kernels. It gains most where memory "
+        "traffic or per-operation overhead bounds the step, least where large matrix products already run near the "
+        "peak (section 1).")
+
+
+def _checkpoint_time(ns) -> tuple:
+    ckpt = ns["ckpt"]
+    return ckpt["time_ratio"], "×", (
+        "checkpointing runs the checkpointed blocks' forward again during backward. A backward does about twice a "
+        "forward's arithmetic, so one more forward is about a third more (about 1.3×) where arithmetic sets the "
+        f"time. It kept {ckpt['memory_ratio']:.0%} of the peak memory in exchange (section 4).")
+
+
+def _gpt_mfu(ns) -> tuple:
+    used = ns["utilisation"]
+    return 100 * used["mfu"], " %", (
+        f"{used['flops_per_s'] / 1e9:.3g} GFLOP/s of model FLOPs against the {used['peak']} "
+        f"({used['peak_flops_per_s'] / 1e9:.3g} GFLOP/s). The matrix products run near that peak; layer norms, "
+        "softmax and the optimizer step are memory-bound, and every small operation pays its overhead, so a small "
+        "model stays well below 100 %.")
+
+
 def _amp_speedup(ns) -> tuple:
     from .devices import cpu_bf16_native
 
@@ -282,4 +351,8 @@ def _amp_speedup(ns) -> tuple:
 
 
 # key: (measured value, unit and why from the notebook's names; the name the measuring cell assigns)
-PREDICTIONS = {"02.p": (_matmul_peak, "matmul_results"), "06.p": (_amp_speedup, "amp_speedup")}
+PREDICTIONS = {"01.p": (_step_growth, "step_s"), "02.p": (_matmul_peak, "matmul_results"),
+               "03.p": (_copy_gbps, "bandwidth"), "04.p": (_sweep_speedup, "parallel_sweep_speedup"),
+               "05.p": (_ddp_speedup, "speedup"), "06.p": (_amp_speedup, "amp_speedup"),
+               "08.p": (_compile_speedup, "compiled"), "09.p": (_checkpoint_time, "ckpt"),
+               "11.p": (_gpt_mfu, "utilisation")}

@@ -137,13 +137,14 @@ def test_readme_and_kit_are_generated_from_the_data_and_show_stale_times_as_stal
     kit = (ROOT / "docs" / "instructors.md").read_text(encoding="utf-8")
     for stem, lesson in data["lessons"].items():
         row = next(line for line in readme.splitlines() if line.startswith(f"| [`{stem}.ipynb`]"))
-        for kind, mode, cell in zip(("cpu", "cpu", "gpu", "gpu"), ("full", "quick") * 2, row.split(" | ")[2:]):
+        for kind, mode, cell in zip(("cpu", "cpu", "gpu", "gpu"), ("full", "quick") * 2, row.split(" | ")[3:]):
             runs, current = ct.measured_set(lesson["times"], kind, mode, hashes[stem])
             assert (cell.startswith(ct.STALE) or not runs) if not current else ct.STALE not in cell, (stem, cell)
             figure = ct.figure(runs, current, ct.machine_tags(data))
             assert figure in cell, (stem, kind, mode)
             if kind == "cpu" and mode == "quick":
-                assert re.search(rf"\| {stem} \| {re.escape(figure)} \|", kit), f"the agenda's {stem} row"
+                assert re.search(rf"\| {stem} \| \d+ min \(\d+ \+ \d+ \+ \d+\) \| {re.escape(figure)} \|", kit), \
+                    f"the agenda's {stem} row"
 
 
 def test_migrated_times_are_all_flagged_as_an_unknown_version():
@@ -178,10 +179,11 @@ def test_the_agenda_margin_is_the_measured_spread_or_unknown():
     lesson = {"question": "q", "gpu": "anywhere",
               "times": [_entry(30, "m1"), _entry(40, "m2"), _entry(90, "m2"), _entry(10, "m1", h="old")]}
     data = {"lessons": {stem: lesson}}
-    rows = ct.agenda(data, {stem: "v1"}, [stem], "quick", 9.0)
+    you = {stem: {"total": 21, "reading": 12, "run": 1, "exercises": 8}}
+    rows = ct.agenda(data, {stem: "v1"}, [stem], "quick", 9.0, learner=you)
     assert ct.spread(lesson["times"][:3]) == (40, 50)
     row = next(r for r in rows if f"| {stem} |" in r)
-    assert "| +50 s (slowest of 3 runs on 2 machine(s)) | 30 min |" in row  # slot: 25 + median 40 s → 30 min
+    assert "| 21 min (12 + 1 + 8) |" in row and "| +50 s (slowest of 3 runs on 2 machine(s)) | 25 min |" in row
     assert "the day would end 1 min later" in rows[-1]
     lesson["times"] = lesson["times"][:1]
     rows = ct.agenda(data, {stem: "v1"}, [stem], "quick", 9.0)
@@ -209,3 +211,30 @@ def test_make_test_runs_the_check():
     make = (ROOT / "Makefile").read_text()
     recipe = re.search(r"^test: site-venv\n((?:\t.*\n)+)", make, re.MULTILINE).group(1)
     assert "$(PY) tools/course_times.py --check" in recipe and "--strict" not in recipe
+
+
+def test_the_learners_time_counts_reading_the_quick_run_and_the_exercises(one_lesson):
+    """Issue 38: reading at READ_WPM, the quick CPU run as measured (rounded up to a minute), EXERCISE_MIN per check
+    and PREDICT_MIN per prediction; the title's line is made until its own words no longer change it, and does not
+    change the notebook's version."""
+    nb_path, data = one_lesson
+    nb = json.loads(nb_path.read_text(encoding="utf-8"))
+    lesson = data["lessons"][NB]
+    already = ct.learner_time(nb, lesson, None)["exercises"]
+    nb["cells"].append({"cell_type": "code", "execution_count": None, "id": "x", "metadata": {}, "outputs": [],
+                        "source": ["check_prediction('00.p', guess)\n", "check('00.9', a)\n", "check('00.8', b)\n"]})
+    lesson["times"] = [_entry(61, "m1", h=ct.notebook_hash(nb_path)), _entry(1000, "m1", mode="full")]
+    made = ct.with_your_time(nb, lesson, "v-other", {"m1": "A"})
+    t = ct.learner_time(made, lesson, "v-other")
+    assert (t["run"], t["exercises"]) == (2, already + 2 * ct.EXERCISE_MIN + ct.PREDICT_MIN) and not t["current"]
+    assert t["reading"] == -(-ct._words(made)["total"] // ct.READ_WPM)
+    line = next(ln for ln in "".join(made["cells"][0]["source"]).splitlines() if ln.startswith(ct.YOUR_TIME))
+    assert line.startswith(f"{ct.YOUR_TIME} about {t['total']} min (reading {t['reading']}, run 2, exercises "
+                           f"{t['exercises']}). The machine's run time, quick mode on a CPU: {ct.STALE} (2026-12): "
+                           "61 s (A); every mode")
+    assert ct.with_your_time(made, lesson, "v-other", {"m1": "A"}) == made, "made twice, the same"
+    assert "**Time:**" not in "".join(made["cells"][0]["source"]), "the old line is replaced"
+    nb_path.write_text(json.dumps(nb))
+    before = ct.notebook_hash(nb_path)
+    nb_path.write_text(json.dumps(made))
+    assert ct.notebook_hash(nb_path) == before, "the line the tool writes is not a new version of the lesson"

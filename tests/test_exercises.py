@@ -163,6 +163,42 @@ def test_a_prediction_is_compared_with_the_measurement_and_never_raises(capsys, 
     assert "No half-precision step was measured" in capsys.readouterr().out
 
 
+PREDICTED = {  # key: (a notebook's names, the measured value, words the reason must hold)
+    "01.p": ({"step_s": {"cpu": {100: {8: 0.010, 64: 0.020}}}, "hidden": 100}, 2.0, "batch 8 to 64"),
+    "03.p": ({"cuda": False, "bandwidth": {"host→host copy": {4096: 1.0, 2**26: 12.0}}}, 12.0, "64 MiB"),
+    "04.p": ({"processes": 2, "parallel_sweep_speedup": 1.6}, 1.6, "2 processes"),
+    "05.p": ({"speedup": {"1 process, no DDP": 1.0, "1": 0.98, "2": 0.7}, "worker_device": "cpu"}, 0.7,
+             "share this machine's cores"),
+    "08.p": ({"compiled": {"conv net depth 2, fp32": {"speedup": 1.4}}}, 1.4, "conv net depth 2"),
+    "09.p": ({"ckpt": {"time_ratio": 1.3, "memory_ratio": 0.6}}, 1.3, "60% of the peak memory"),
+    "11.p": ({"utilisation": {"mfu": 0.1, "flops_per_s": 1e10, "peak_flops_per_s": 1e11, "peak": "measured peak"}},
+             10.0, "10 GFLOP/s"),
+}
+
+
+@pytest.mark.parametrize("key", sorted(PREDICTED))
+def test_each_prediction_reads_its_measurement_and_says_why(key, capsys):
+    from helpers.exercises import check_prediction
+
+    ns, measured, words = PREDICTED[key]
+    assert check_prediction(key, measured / 2, namespace=ns) == pytest.approx(2.0)
+    said = capsys.readouterr().out
+    assert "2 times your guess" in said and words in said, said
+    assert check_prediction(key, None, namespace=ns) is None
+
+
+def test_every_prediction_has_a_unit_test():
+    assert sorted(PREDICTED) == sorted(k for k in exercises.PREDICTIONS if k not in ("02.p", "06.p"))
+
+
+def test_a_prediction_left_out_of_the_run_says_so_and_passes_nothing(capsys):
+    from helpers.exercises import check_prediction
+
+    ns = {"compiled": {"conv net depth 2, fp32": {"error": "left out to fit the time budget"}}}
+    assert check_prediction("08.p", 1.5, namespace=ns) is None
+    assert "not compiled in this run (left out to fit the time budget)" in capsys.readouterr().out
+
+
 def test_the_bottleneck_exercise_says_why_each_wrong_answer_is_wrong():
     ns, right = _namespaces(None)["10.1"]
     with pytest.raises(AssertionError, match=r"copying \(0.5 ms\) is shorter than waiting \(6 ms\)"):

@@ -70,7 +70,7 @@ def made(nb: dict, stem: str) -> dict:
     nb = json.loads(json.dumps(nb))
     cells = nb["cells"]
     title = [line for line in "".join(cells[0]["source"]).split("\n") if not line.startswith(LINKS)]
-    at = next(i for i, line in enumerate(title) if line.startswith("**Time:**"))
+    at = next(i for i, line in enumerate(title) if line.startswith(("**Your time:**", "**Time:**")))
     title.insert(at, LINKS + links_markdown(stem) + " (the README's \"Run it on a free GPU\" says what each gives)")
     cells[0]["source"] = _lines("\n".join(title))
     cell = {"cell_type": "code", "execution_count": None, "id": CELL_ID, "metadata": {}, "outputs": [],
