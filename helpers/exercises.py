@@ -16,6 +16,8 @@ from typing import Callable
 
 import torch
 
+from .transfer import format_bytes
+
 NOT_ATTEMPTED = "not attempted"  # the placeholder of an exercise whose right answer can be None
 
 
@@ -59,12 +61,12 @@ def check(key: str, answer, *, namespace: dict | None = None) -> bool:
     return True
 
 
-def _gflops(ns) -> Answer:
-    n, t = ns["n"], ns["measured"]["cpu"].median_s
-    return Answer(2 * n**3 / t / 1e9, "Divide the operation count 2·n³ by the median seconds, then by 1e9.", 0.01,
-                  wrong=[(n**3 / t / 1e9, "Each term is a multiply and an add: 2·n³ operations, not n³."),
-                         (2 * n**3 / t, "GFLOP/s: divide the FLOP/s by 1e9."),
-                         (2 * n**3 * t / 1e9, "A rate: divide by the seconds, don't multiply.")])
+def _ms_double(ns) -> Answer:
+    ms = ns["measured"]["cpu"].median_s * 1e3
+    return Answer(8 * ms, "At the same rate a 2n×2n product's 2·(2n)³ = 8 × 2·n³ operations take 8 times as long.", 0.01,
+                  wrong=[(2 * ms, "Twice the size is not twice the work: the product does 2·n³ operations, cubic in n."),
+                         (4 * ms, "4× is the growth of the matrices' n² values; the work grows as n³."),
+                         (8 * ms / 1e3, "That is seconds: the answer is in milliseconds.")])
 
 
 def _unseen_label(ns) -> Answer:
@@ -218,7 +220,7 @@ def _gib_states(ns) -> Answer:
 
 
 # key: (the answer from the notebook's names, whether None can be the right answer)
-EXERCISES = {"00.1": (_gflops, False), "01.1": (_unseen_label, False), "01.2": (_lstm, False),
+EXERCISES = {"00.1": (_ms_double, False), "01.1": (_unseen_label, False), "01.2": (_lstm, False),
              "02.1": (_half_size, False), "03.1": (_copy_us, False), "04.1": (_workers, True),
              "05.1": (_lr_8, False), "05.2": (_diff_small, False), "06.1": (_k_min, False),
              "07.1": (_lr_epoch_55, False), "08.1": (_break_even, False), "08.2": (_relu_intensity, False),
@@ -255,14 +257,15 @@ def _run(ns) -> str:
             "sized to a time budget" if getattr(lesson, "budget_s", None) else "")
 
 
-def _matmul_peak(ns) -> tuple:
-    rates = ns["matmul_results"]["cpu"]["fp32"]
-    small, best, mode = min(rates), max(rates, key=rates.get), _run(ns)
-    run = f" (this run: {mode}, the largest size n = {max(rates)})" if mode else ""
-    return rates[best], " GFLOP/s", (
-        f"the best fp32 product was n = {best} on {torch.get_num_threads()} thread(s){run}; at n = {small} it made "
-        f"{rates[small]:.0f} GFLOP/s. A large product does 2n³ operations on 3n² values, reusing each value n "
-        "times, so it approaches the cores' arithmetic peak; a small one pays its fixed costs (section 2).")
+def _matmul_small_share(ns) -> tuple:
+    rates, mode = ns["matmul_results"]["cpu"]["fp32"], _run(ns)
+    small, best, run = min(rates), max(rates, key=rates.get), f" (this run: {mode}, the largest size n = {max(rates)})"
+    run = run if mode else ""
+    return 100 * rates[small] / rates[best], " %", (
+        f"at n = {small} the fp32 product made {rates[small]:.0f} GFLOP/s, against {rates[best]:.0f} at its best "
+        f"(n = {best}) on {torch.get_num_threads()} thread(s){run}. A product does 2n³ operations on 3n² values: a "
+        "large one reuses each value n times and approaches the cores' peak; a small one is over before its fixed "
+        "costs (a call, threads waking, memory traffic) are paid back (section 2).")
 
 
 def _step_growth(ns) -> tuple:
@@ -277,8 +280,6 @@ def _step_growth(ns) -> tuple:
 
 
 def _copy_gbps(ns) -> tuple:
-    from .transfer import format_bytes
-
     label = "H2D pinned" if ns["cuda"] else "host→host copy"
     rates = ns["bandwidth"][label]
     large, small = max(rates), min(rates)
@@ -351,7 +352,7 @@ def _amp_speedup(ns) -> tuple:
 
 
 # key: (measured value, unit and why from the notebook's names; the name the measuring cell assigns)
-PREDICTIONS = {"01.p": (_step_growth, "step_s"), "02.p": (_matmul_peak, "matmul_results"),
+PREDICTIONS = {"01.p": (_step_growth, "step_s"), "02.p": (_matmul_small_share, "matmul_results"),
                "03.p": (_copy_gbps, "bandwidth"), "04.p": (_sweep_speedup, "parallel_sweep_speedup"),
                "05.p": (_ddp_speedup, "speedup"), "06.p": (_amp_speedup, "amp_speedup"),
                "08.p": (_compile_speedup, "compiled"), "09.p": (_checkpoint_time, "ckpt"),

@@ -224,15 +224,15 @@ def test_the_learners_time_counts_reading_the_quick_run_and_the_exercises(one_le
     nb["cells"].append({"cell_type": "code", "execution_count": None, "id": "x", "metadata": {}, "outputs": [],
                         "source": ["check_prediction('00.p', guess)\n", "check('00.9', a)\n", "check('00.8', b)\n"]})
     lesson["times"] = [_entry(61, "m1", h=ct.notebook_hash(nb_path)), _entry(1000, "m1", mode="full")]
-    made = ct.with_your_time(nb, lesson, "v-other", {"m1": "A"})
+    made = ct.with_your_time(nb, lesson, "v-other")
     t = ct.learner_time(made, lesson, "v-other")
     assert (t["run"], t["exercises"]) == (2, already + 2 * ct.EXERCISE_MIN + ct.PREDICT_MIN) and not t["current"]
     assert t["reading"] == -(-ct._words(made)["total"] // ct.READ_WPM)
     line = next(ln for ln in "".join(made["cells"][0]["source"]).splitlines() if ln.startswith(ct.YOUR_TIME))
     assert line.startswith(f"{ct.YOUR_TIME} about {t['total']} min (reading {t['reading']}, run 2, exercises "
                            f"{t['exercises']}). The machine's run time, quick mode on a CPU: {ct.STALE} (2026-12): "
-                           "61 s (A); every mode")
-    assert ct.with_your_time(made, lesson, "v-other", {"m1": "A"}) == made, "made twice, the same"
+                           "61 s (m1); every mode")
+    assert ct.with_your_time(made, lesson, "v-other") == made, "made twice, the same"
     assert "**Time:**" not in "".join(made["cells"][0]["source"]), "the old line is replaced"
     nb_path.write_text(json.dumps(nb))
     before = ct.notebook_hash(nb_path)

@@ -20,7 +20,7 @@ def _namespaces(tmp_path) -> dict:
     """Per exercise: ``(what the notebook measured, the right answer)``, numbers of the kind a run produces."""
     pcie = {1024: 3.0, 2**20: 11.5}
     return {
-        "00.1": ({"n": 512, "measured": {"cpu": SimpleNamespace(median_s=0.004)}}, 2 * 512**3 / 0.004 / 1e9),
+        "00.1": ({"n": 512, "measured": {"cpu": SimpleNamespace(median_s=0.004)}}, 32.0),
         "01.1": ({}, "label '10' was never seen in training; known classes: '1', '2', '3'"),
         "02.1": ({"matmul_results": {"cpu": {"fp32": {64: 10.0, 128: 45.0, 256: 80.0, 512: 90.0}}}}, 128),
         "03.1": ({"cuda": True, "bandwidth": {"H2D pinned": pcie}}, 256 * 3 * 32 * 32 * 4 / 11.5e9 * 1e6),
@@ -139,11 +139,12 @@ def test_a_prediction_is_compared_with_the_measurement_and_never_raises(capsys, 
     ns = {"matmul_results": {"cpu": {"fp32": {64: 10.0, 512: 80.0, 1024: 90.0}}}}
     assert check_prediction("02.p", None, namespace=ns) is None
     assert "No prediction written" in capsys.readouterr().out
-    assert check_prediction("02.p", 30.0, namespace=ns) == pytest.approx(3.0)
+    assert check_prediction("02.p", 100 / 27, namespace=ns) == pytest.approx(3.0)
     said = capsys.readouterr().out
-    assert "You predicted 30 GFLOP/s; this machine measured 90 GFLOP/s: 3 times your guess" in said
-    assert "n = 1024" in said and "at n = 64 it made 10 GFLOP/s" in said and "quick mode" not in said
-    assert check_prediction("02.p", 100.0, namespace=ns) == pytest.approx(0.9)
+    assert "You predicted 3.7037 %; this machine measured 11.1 %: 3 times your guess" in said
+    assert "(n = 1024)" in said and "at n = 64 the fp32 product made 10 GFLOP/s, against 90" in said
+    assert "quick mode" not in said
+    assert check_prediction("02.p", 100 / 9 / 0.9, namespace=ns) == pytest.approx(0.9)
     assert "within 25 % of your guess" in capsys.readouterr().out
     assert check_prediction("02.p", 0, namespace=ns) == float("inf")  # a guess of 0 is far off, not a crash
     assert check_prediction("02.p", "ninety", namespace=ns) is None

@@ -113,13 +113,14 @@ def learner_time(nb: dict, lesson: dict, now_hash: str | None) -> dict:
             "current": current}
 
 
-def your_time_line(t: dict, tags: dict) -> str:
+def your_time_line(t: dict) -> str:  # the machine named in full: the map's letters are the map's legend
+    names = {run["machine"]: run["machine"] for run in t["runs"]}
     return (f"{YOUR_TIME} about {t['total']} min (reading {t['reading']}, run {t['run']}, exercises "
-            f"{t['exercises']}). The machine's run time, quick mode on a CPU: {figure(t['runs'], t['current'], tags)}; "
+            f"{t['exercises']}). The machine's run time, quick mode on a CPU: {figure(t['runs'], t['current'], names)}; "
             "every mode and machine: the [course map](../README.md#course-map).")
 
 
-def with_your_time(nb: dict, lesson: dict, now_hash: str | None, tags: dict) -> dict:
+def with_your_time(nb: dict, lesson: dict, now_hash: str | None) -> dict:
     """``nb`` (a new dict) with its title cell's time line made from the data: the reading time counts the line
     itself, so it is made until it no longer changes."""
     nb = json.loads(json.dumps(nb))
@@ -128,7 +129,7 @@ def with_your_time(nb: dict, lesson: dict, now_hash: str | None, tags: dict) -> 
     title[at:at + 1] = [""]
     for _ in range(3):
         nb["cells"][0]["source"] = "\n".join(title).splitlines(keepends=True)
-        line = your_time_line(learner_time(nb, lesson, now_hash), tags)
+        line = your_time_line(learner_time(nb, lesson, now_hash))
         if title[at] == line:
             break
         title[at] = line
@@ -319,13 +320,12 @@ def readme_with_map(data: dict, hashes: dict, readme: Path | None = None, learne
 
 
 def generated(data: dict, hashes: dict) -> dict:
-    """``{path: text}`` of everything made from the data: README's course map, the instructor kit, and each lesson
-    with its title's "Your time" line."""
-    tags, learner, lessons = machine_tags(data), {}, {}
+    """``{path: text}`` made from the data: README's map, the instructor kit, each lesson with its "Your time"."""
+    learner, lessons = {}, {}
     for stem, lesson in data["lessons"].items():
         path = NOTEBOOKS / f"{stem}.ipynb"
         if path.exists():
-            nb = with_your_time(json.loads(path.read_text(encoding="utf-8")), lesson, hashes.get(stem), tags)
+            nb = with_your_time(json.loads(path.read_text(encoding="utf-8")), lesson, hashes.get(stem))
             learner[stem] = learner_time(nb, lesson, hashes.get(stem))
             lessons[path] = json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
     return {README: readme_with_map(data, hashes, learner=learner), INSTRUCTORS: instructors(data, hashes, learner),
