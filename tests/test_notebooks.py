@@ -6,6 +6,7 @@ their (deterministic) outputs so nbval proves them still true. `tools/run_notebo
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -56,6 +57,41 @@ def test_notebook_structure_and_output_policy(path):
             assert not cell.outputs and cell.execution_count is None, \
                 f"{path.name} cell {i} has stored output but is not NBVAL_CHECK_OUTPUT: run tools/run_notebook.py --store"
         assert all(o.get("output_type") != "error" for o in cell.outputs), f"cell {i} stores an error"
+
+
+# budget_s read or tested (a keyword argument, budget_s=…, passes a time limit on: diagnose's own, lesson 10)
+BUDGET_WORDS = re.compile(r"\bbudget_s\b(?!=)|\.affords\(|\.within_budget\(|\.seconds_left\(|make gpu-check")
+RUN_BUDGET = "run-budget"  # the tag of a cell that sizes the lesson to make gpu-check's budget (hidden, not taught)
+
+
+def budget_in_the_learners_view(nb) -> list:
+    """Issue 38: the cells a learner reads that mention the run's budget. Allowed: the parameters cell, the setup
+    call's ``budget_s=budget_s``, and cells tagged run-budget whose source JupyterLab hides (the site drops them)."""
+    found = []
+    for i, cell in enumerate(nb.cells):
+        tags = cell.metadata.get("tags", [])
+        hidden = RUN_BUDGET in tags and cell.metadata.get("jupyter", {}).get("source_hidden") is True
+        if "parameters" in tags or hidden:
+            continue
+        text = cell.source if cell.cell_type == "markdown" else re.sub(r"\bbudget_s=budget_s\b", "", cell.source)
+        found += [(i, line.strip()[:80]) for line in text.splitlines() if BUDGET_WORDS.search(line)]
+    return found
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_the_run_budget_stays_out_of_the_cells_a_learner_reads(path):
+    found = budget_in_the_learners_view(nbformat.read(path, as_version=4))
+    assert not found, f"{path.name}: move these into a hidden cell tagged {RUN_BUDGET!r}: {found}"
+
+
+def test_the_budget_check_can_fail():
+    hidden = nbformat.v4.new_code_cell("epochs = lesson.within_budget(epochs, 2.0)")
+    hidden.metadata.update(tags=[RUN_BUDGET], jupyter={"source_hidden": True})
+    shown = nbformat.v4.new_code_cell("lesson = setup('x', quick, device, budget_s=budget_s)\nif lesson.budget_s:\n  pass")
+    tagged_only = nbformat.v4.new_code_cell("ok = lesson.affords(3, 'x')")
+    tagged_only.metadata["tags"] = [RUN_BUDGET]
+    nb = nbformat.v4.new_notebook(cells=[hidden, shown, tagged_only, nbformat.v4.new_markdown_cell("make gpu-check")])
+    assert [i for i, _ in budget_in_the_learners_view(nb)] == [1, 2, 3]
 
 
 def test_papermill_quick_run_from_repository_root(tmp_path):

@@ -397,6 +397,19 @@ def test_the_site_drops_the_test_suites_markers_from_code():
                                             "# NBVAL_IGNORE_OUTPUT in prose stays"]
 
 
+def test_the_site_leaves_out_the_run_budget_cells(tmp_path):
+    """Issue 38: the cells that size a lesson to make gpu-check's budget are not part of the page."""
+    build_site = _build_site()
+    nb = nbformat.read(ROOT / "notebooks" / "04_cpu_and_gpu_roles.ipynb", as_version=4)
+    hidden = nbformat.v4.new_code_cell("rounds = 1 if lesson.budget_s else 3", metadata={"tags": ["run-budget"]})
+    nb.cells.insert(5, hidden)
+    nbformat.write(nb, tmp_path / "04_cpu_and_gpu_roles.ipynb")
+    page = tmp_path / "page.ipynb"
+    build_site.lesson_page(tmp_path / "04_cpu_and_gpu_roles.ipynb", tmp_path / "results", page)
+    sources = [c.source for c in nbformat.read(page, as_version=4).cells]
+    assert len(sources) == len(nb.cells) - 1 and "rounds = 1 if lesson.budget_s else 3" not in sources
+
+
 def test_an_executed_copy_is_stale_only_when_its_cells_differ(tmp_path):
     """One rule of staleness for the site and the course map (course_times.notebook_hash): an executed copy with
     outputs, papermill's metadata and its injected parameters is current; an edited cell makes it stale; a

@@ -178,7 +178,7 @@ def drop_widgets(nb) -> None:
 def lesson_page(executed: Path, results_dir: Path, dest: Path) -> str:
     """Write the page's notebook (solutions hidden, widgets as text, links and hardware line); returns that line."""
     nb = nbformat.read(executed, as_version=4)
-    nb.cells = [c for c in nb.cells if "injected-parameters" not in c.metadata.get("tags", [])]
+    nb.cells = [c for c in nb.cells if not {"injected-parameters", "run-budget"} & set(c.metadata.get("tags", []))]
     stem = executed.stem
     hide_solutions(nb, stem)
     strip_test_markers(nb)

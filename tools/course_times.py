@@ -74,7 +74,7 @@ def prose_words(path: Path) -> dict:
 def _words(nb: dict) -> dict:
     count = {"markdown": 0, "comments": 0, "printed": 0}
     for cell in nb["cells"]:
-        text = _text(cell)
+        text = "" if "run-budget" in cell.get("metadata", {}).get("tags", []) else _text(cell)  # hidden, not read
         if cell["cell_type"] == "markdown":
             count["markdown"] += len(WORD.findall(re.sub(r"\]\([^)]*\)", "]", text)))
         elif cell["cell_type"] == "code":
