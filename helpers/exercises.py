@@ -229,7 +229,7 @@ EXERCISES = {"00.1": (_ms_double, False), "01.1": (_unseen_label, False), "01.2"
 
 
 def check_prediction(key: str, guess, *, namespace: dict | None = None) -> float | None:
-    """A predict-then-measure exercise (notebooks 01-06, 08, 09, 11): the learner wrote ``guess`` before the cell that
+    """A predict-then-measure exercise (notebooks 01-06, 08-11): the learner wrote ``guess`` before the cell that
     measures; this says how far it is from what this machine measured, and what set the measured value. It never
     raises (a prediction is for learning, not a test); returns measured / guess, or None."""
     ns = sys._getframe(1).f_globals if namespace is None else namespace
@@ -326,6 +326,14 @@ def _checkpoint_time(ns) -> tuple:
         f"time. It kept {ckpt['memory_ratio']:.0%} of the peak memory in exchange (section 4).")
 
 
+def _input_gap(ns) -> tuple:
+    r = ns["folder_result"]
+    return r.model_items_per_s / r.real_items_per_s, "×", (
+        f"the model alone trained {r.model_items_per_s:,.0f} images/s, the real step with its loader "
+        f"{r.real_items_per_s:,.0f}, the loader alone made {r.input_items_per_s:,.0f}. Decoding one file at a time in "
+        "the training process adds its time to every step: the wider the gap, the more an input lever gives back.")
+
+
 def _gpt_mfu(ns) -> tuple:
     used = ns["utilisation"]
     return 100 * used["mfu"], " %", (
@@ -356,4 +364,4 @@ PREDICTIONS = {"01.p": (_step_growth, "step_s"), "02.p": (_matmul_small_share, "
                "03.p": (_copy_gbps, "bandwidth"), "04.p": (_sweep_speedup, "parallel_sweep_speedup"),
                "05.p": (_ddp_speedup, "speedup"), "06.p": (_amp_speedup, "amp_speedup"),
                "08.p": (_compile_speedup, "compiled"), "09.p": (_checkpoint_time, "ckpt"),
-               "11.p": (_gpt_mfu, "utilisation")}
+               "10.p": (_input_gap, "folder_result"), "11.p": (_gpt_mfu, "utilisation")}

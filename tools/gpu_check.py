@@ -284,7 +284,8 @@ def run_benchmarks(out: Path, env: dict, deadline: float) -> int:
                                       cwd=ROOT, capture_output=True, text=True, timeout=left)
                 text, rc = proc.stdout + proc.stderr, proc.returncode
             except subprocess.TimeoutExpired as exc:
-                text, rc = f"{exc.stdout or ''}stopped at the run's deadline after {left:.0f} s\n", 1
+                said = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
+                text, rc = f"{said}stopped at the run's deadline after {left:.0f} s\n", 1  # (bytes on a timeout)
             print(text, end="", flush=True)
             log.write(f"== {name}\n{text}")
             code = code or rc
