@@ -229,7 +229,7 @@ EXERCISES = {"00.1": (_ms_double, False), "01.1": (_unseen_label, False), "01.2"
 
 
 def check_prediction(key: str, guess, *, namespace: dict | None = None) -> float | None:
-    """A predict-then-measure exercise (notebooks 01-06, 08-11): the learner wrote ``guess`` before the cell that
+    """A predict-then-measure exercise (notebooks 00-06, 08-11): the learner wrote ``guess`` before the cell that
     measures; this says how far it is from what this machine measured, and what set the measured value. It never
     raises (a prediction is for learning, not a test); returns measured / guess, or None."""
     ns = sys._getframe(1).f_globals if namespace is None else namespace
@@ -266,6 +266,14 @@ def _matmul_small_share(ns) -> tuple:
         f"(n = {best}) on {torch.get_num_threads()} thread(s){run}. A product does 2n³ operations on 3n² values: a "
         "large one reuses each value n times and approaches the cores' peak; a small one is over before its fixed "
         "costs (a call, threads waking, memory traffic) are paid back (section 2).")
+
+
+def _matmul_ms(ns) -> tuple:
+    n, t = ns["n"], ns["measured"]["cpu"].median_s
+    return t * 1e3, " ms", (
+        f"the {n}×{n} product does 2n³ = {2 * n**3 / 1e9:.3g} GFLOP, and this CPU ran it at {2 * n**3 / t / 1e9:.0f} "
+        f"GFLOP/s on {torch.get_num_threads()} thread(s): time = operations ÷ rate. Lesson 02 measures how the rate "
+        "grows with the size.")
 
 
 def _step_growth(ns) -> tuple:
@@ -360,8 +368,9 @@ def _amp_speedup(ns) -> tuple:
 
 
 # key: (measured value, unit and why from the notebook's names; the name the measuring cell assigns)
-PREDICTIONS = {"01.p": (_step_growth, "step_s"), "02.p": (_matmul_small_share, "matmul_results"),
-               "03.p": (_copy_gbps, "bandwidth"), "04.p": (_sweep_speedup, "parallel_sweep_speedup"),
+PREDICTIONS = {"00.p": (_matmul_ms, "measured"), "01.p": (_step_growth, "step_s"),
+               "02.p": (_matmul_small_share, "matmul_results"), "03.p": (_copy_gbps, "bandwidth"),
+               "04.p": (_sweep_speedup, "parallel_sweep_speedup"),
                "05.p": (_ddp_speedup, "speedup"), "06.p": (_amp_speedup, "amp_speedup"),
                "08.p": (_compile_speedup, "compiled"), "09.p": (_checkpoint_time, "ckpt"),
                "10.p": (_input_gap, "folder_result"), "11.p": (_gpt_mfu, "utilisation")}

@@ -165,6 +165,7 @@ def test_a_prediction_is_compared_with_the_measurement_and_never_raises(capsys, 
 
 
 PREDICTED = {  # key: (a notebook's names, the measured value, words the reason must hold)
+    "00.p": ({"n": 512, "measured": {"cpu": SimpleNamespace(median_s=0.004)}}, 4.0, "at 67 GFLOP/s"),
     "01.p": ({"step_s": {"cpu": {100: {8: 0.010, 64: 0.020}}}, "hidden": 100}, 2.0, "batch 8 to 64"),
     "03.p": ({"cuda": False, "bandwidth": {"host→host copy": {4096: 1.0, 2**26: 12.0}}}, 12.0, "64 MiB"),
     "04.p": ({"processes": 2, "parallel_sweep_speedup": 1.6}, 1.6, "2 processes"),
