@@ -4,6 +4,7 @@ CIFAR-10 for tests comes from ../shared/data/cifar10-jpg.tar.gz (never committed
 build/cifar10-jpg/ (ignored) and announced to the notebooks through COURSE_CIFAR10_DIR.
 """
 import os
+import sys
 import tarfile
 from pathlib import Path
 
@@ -123,6 +124,17 @@ def executed_notebooks(prefixes=None) -> tuple[Path, Path]:
     subprocess.run([sys.executable, str(ROOT / "tools" / "run_course.py"), "--quick", "--device", "cpu", "--out",
                     str(out)] + (["--only", ",".join(sorted(prefixes))] if prefixes else []), check=True)
     return out / "notebooks", out / "results"
+
+
+def import_tool(name: str):
+    """A script of tools/ as a module (tools/ is no package: its scripts import each other by name)."""
+    import importlib
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
 
 
 def checkout_files() -> dict:

@@ -164,13 +164,9 @@ def test_solutions_live_outside_the_execution_path():
 
 
 def _course_times():
-    import sys
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        import course_times
-    finally:
-        sys.path.remove(str(ROOT / "tools"))
-    return course_times
+    from conftest import import_tool
+
+    return import_tool("course_times")
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

@@ -361,12 +361,9 @@ def test_a_notebook_runs_in_jupyterlab_through_the_ui(browser, jupyterlab, tmp_p
 
 def _build_site():
     """tools/build_site.py as a module (its functions, without building a site)."""
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        import build_site
-    finally:
-        sys.path.remove(str(ROOT / "tools"))
-    return build_site
+    from conftest import import_tool
+
+    return import_tool("build_site")
 
 
 def test_long_printed_prose_is_broken_where_a_reader_expects():
