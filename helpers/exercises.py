@@ -63,8 +63,8 @@ def check(key: str, answer, *, namespace: dict | None = None) -> bool:
 
 def _ms_double(ns) -> Answer:
     ms = ns["measured"]["cpu"].median_s * 1e3
-    return Answer(8 * ms, "At the same rate a 2n×2n product's 2·(2n)³ = 8 × 2·n³ operations take 8 times as long.", 0.01,
-                  wrong=[(2 * ms, "Twice the size is not twice the work: the product does 2·n³ operations, cubic in n."),
+    return Answer(8 * ms, "At the same rate a 2n×2n product's 2·(2n)³ = 8 × 2·n³ operations take 8 times as long.",
+                  0.01, wrong=[(2 * ms, "Twice the size is not twice the work: a product does 2·n³ operations."),
                          (4 * ms, "4× is the growth of the matrices' n² values; the work grows as n³."),
                          (8 * ms / 1e3, "That is seconds: the answer is in milliseconds.")])
 
@@ -259,8 +259,8 @@ def _run(ns) -> str:
 
 def _matmul_small_share(ns) -> tuple:
     rates, mode = ns["matmul_results"]["cpu"]["fp32"], _run(ns)
-    small, best, run = min(rates), max(rates, key=rates.get), f" (this run: {mode}, the largest size n = {max(rates)})"
-    run = run if mode else ""
+    small, best = min(rates), max(rates, key=rates.get)
+    run = f" (this run: {mode}, the largest size n = {max(rates)})" if mode else ""
     return 100 * rates[small] / rates[best], " %", (
         f"at n = {small} the fp32 product made {rates[small]:.0f} GFLOP/s, against {rates[best]:.0f} at its best "
         f"(n = {best}) on {torch.get_num_threads()} thread(s){run}. A product does 2n³ operations on 3n² values: a "
@@ -312,7 +312,7 @@ def _ddp_speedup(ns) -> tuple:
     return ns["speedup"][str(n)], "×", (
         f"DDP with {n} {where} worker(s), against one plain process." + (
             " CPU workers share this machine's cores, so each gets a slice of the same arithmetic, and the gradient "
-            "all-reduce comes on top: expect less than one plain process." if where == "cpu" else
+            "all-reduce comes on top: on one CPU, DDP checks the mechanics, not the speed." if where == "cpu" else
             " Each GPU computes its share; the gradients' all-reduce and a step's fixed costs are not divided."))
 
 

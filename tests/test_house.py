@@ -181,8 +181,9 @@ def test_the_prose_count_sees_comments_printed_sentences_and_not_link_targets(tm
     ct = _course_times()
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_markdown_cell("Four words, one [link](https://example.com/a/b/c/d)."),
-                nbformat.v4.new_code_cell("%matplotlib inline\nx = 1  # two words\nprint('seven words are not a sentence "
-                                          "here')\nprint(f'nine words with {x}, a value, make a sentence', 'and' "
+                nbformat.v4.new_code_cell("%matplotlib inline\nx = 1  # two words\n"
+                                          "print('seven words are not a sentence here')\n"
+                                          "print(f'nine words with {x}, a value, make a sentence', 'and' "
                                           "' these joined pieces make eight words too')")]
     nbformat.write(nb, tmp_path / "n.ipynb")
     assert ct.prose_words(tmp_path / "n.ipynb") == {"markdown": 4, "comments": 2, "printed": 17, "total": 23}

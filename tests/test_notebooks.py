@@ -87,7 +87,8 @@ def test_the_run_budget_stays_out_of_the_cells_a_learner_reads(path):
 def test_the_budget_check_can_fail():
     hidden = nbformat.v4.new_code_cell("epochs = lesson.within_budget(epochs, 2.0)")
     hidden.metadata.update(tags=[RUN_BUDGET], jupyter={"source_hidden": True})
-    shown = nbformat.v4.new_code_cell("lesson = setup('x', quick, device, budget_s=budget_s)\nif lesson.budget_s:\n  pass")
+    shown = nbformat.v4.new_code_cell("lesson = setup('x', quick, device, budget_s=budget_s)\n"
+                                      "if lesson.budget_s:\n  pass")
     tagged_only = nbformat.v4.new_code_cell("ok = lesson.affords(3, 'x')")
     tagged_only.metadata["tags"] = [RUN_BUDGET]
     nb = nbformat.v4.new_notebook(cells=[hidden, shown, tagged_only, nbformat.v4.new_markdown_cell("make gpu-check")])

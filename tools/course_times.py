@@ -114,10 +114,10 @@ def learner_time(nb: dict, lesson: dict, now_hash: str | None) -> dict:
 
 
 def your_time_line(t: dict) -> str:  # the machine named in full: the map's letters are the map's legend
-    names = {run["machine"]: run["machine"] for run in t["runs"]}
+    run = figure(t["runs"], t["current"], {r["machine"]: r["machine"] for r in t["runs"]})
     return (f"{YOUR_TIME} about {t['total']} min (reading {t['reading']}, run {t['run']}, exercises "
-            f"{t['exercises']}). The machine's run time, quick mode on a CPU: {figure(t['runs'], t['current'], names)}; "
-            "every mode and machine: the [course map](../README.md#course-map).")
+            f"{t['exercises']}). The machine's run time, quick mode on a CPU: {run}; every mode and machine: the "
+            "[course map](../README.md#course-map).")
 
 
 def with_your_time(nb: dict, lesson: dict, now_hash: str | None) -> dict:
