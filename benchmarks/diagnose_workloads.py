@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from helpers.diagnose import _load, diagnose
+from helpers.diagnose import diagnose, load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = {"ResNet-18 (torchvision)": "tests/workloads/resnet.py", "tiny MLP, batch 8": "tests/workloads/tiny_mlp.py",
@@ -24,7 +24,7 @@ SCRIPTS = {"ResNet-18 (torchvision)": "tests/workloads/resnet.py", "tiny MLP, ba
 
 
 def row(name: str, script: str, budget_s: float) -> str:
-    model, loader, loss_fn, opt, host = _load(str(ROOT / script))
+    model, loader, loss_fn, opt, host = load_script(str(ROOT / script))
     t0 = time.perf_counter()
     d = diagnose(model, loader, loss_fn, opt, "cpu", budget_s, host_inputs=host)
     took = time.perf_counter() - t0

@@ -2,7 +2,7 @@
 
 One module per concept, in the floors of ``LAYERS``: a module imports only from floors below its own
 (``tests/test_house.py`` reads the source, imports inside functions included, and fails on an upward import or a
-circle). Importing does no work: no device probing, no data. Notebook 00 shows how the lessons call it.
+circle). Importing does no work: no device probing, no data. How the lessons call it: notebook 00.
 """
 import os
 
@@ -12,7 +12,8 @@ import os
 LAYERS = (
     ("devices: pick, describe, synchronise, precision; text wrapping", ("devices", "text")),
     ("results files: save, load, where they go", ("results",)),
-    ("the training step: precision, scaler, batch to the device, the step", ("step",)),
+    ("the training step: precision, scaler, batch to the device, the step; the names of what bounds it",
+     ("step",)),
     ("synchronised clocks: time_fn, time_train_step", ("timing",)),
     ("data, models, schedules; counting a step (FLOPs, bytes, operators); timed copies and operations; "
      "what torch.compile buys",

@@ -20,8 +20,10 @@ from pathlib import Path
 
 import torch
 
-from .devices import float32_precision, half_precision
+from .devices import describe, float32_precision, half_precision, hardware_name, pick_device, usable_cpus
+from .operations import copy_bandwidth, matmul_rate, overhead_rate
 from .results import atomic_write_text, cache_dir, course_file
+from .transfer import pcie_theoretical
 
 SCHEMA = 1
 MIB = 2**20
@@ -37,8 +39,6 @@ MATMUL_DTYPES = {"cpu": ("float32", "bfloat16"), "cuda": ("float32", "tf32", "bf
 
 def ceilings_key(device: torch.device) -> str:
     """The cache key of ``device``'s ceilings: hardware name, device, torch version and CPU threads (notebook 08)."""
-    from .devices import hardware_name
-
     text = f"{hardware_name()}-{device}-torch{torch.__version__}-{torch.get_num_threads()}threads"
     return re.sub(r"[^A-Za-z0-9.+-]+", "-", text)
 
@@ -77,8 +77,6 @@ def matmul_peak(device, dtypes=None, sizes=None, min_run_time: float = 0.1) -> d
     EPYC, 100 times slower than its fp32; bf16 below compute capability 8.0) is timed at the smallest size alone and
     marked ``"emulated"``: at the largest, one product takes seconds.
     """
-    from .operations import matmul_rate
-
     device = torch.device(device)
     best, points = {}, []
     for name in dtypes or MATMUL_DTYPES.get(device.type, ("float32",)):
@@ -98,8 +96,6 @@ def matmul_peak(device, dtypes=None, sizes=None, min_run_time: float = 0.1) -> d
 
 
 def _measure(device: torch.device, min_run_time: float) -> dict:
-    from .operations import copy_bandwidth, overhead_rate
-
     t0 = time.perf_counter()
     found = matmul_peak(device, min_run_time=min_run_time)
     n = copy_elements(device)
@@ -124,8 +120,6 @@ def measured_ceilings(device="auto", *, refresh: bool = False, min_run_time: flo
     average at the time is recorded: ceilings measured while other programs ran (a load above the CPU count) are
     low; measure again with ``refresh=True`` on a quiet machine.
     """
-    from .devices import describe, pick_device, usable_cpus
-
     device = pick_device(device)
     path = cache_dir() / "ceilings" / f"{ceilings_key(device)}.json"
     if path.exists() and not refresh:
@@ -183,8 +177,6 @@ def datasheet_ceilings(entry: dict, *, op_s: float, launch_s: float | None = Non
     generation and width gives ``h2d_bytes_per_s``: its theoretical one-direction rate
     (``helpers.transfer.pcie_theoretical``). An entry without a published peak (Apple) raises ``ValueError``.
     """
-    from .transfer import pcie_theoretical
-
     rates = {dtype: row["value"] for dtype, row in entry["flops_per_s"].items()}
     if not rates:
         raise ValueError(f"no published peak FLOP/s: {entry.get('missing', {}).get('flops_per_s', '')}")

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
+from .devices import synchronize
 from .results import cache_dir, in_checkout, project_root, shown_path
 
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
@@ -305,8 +306,6 @@ class DeviceLoader:
 def input_images_per_s(loader, batches: int = 20) -> float:
     """Images per second the input pipeline alone delivers (``loader`` iterated, no model), synchronised.
     (notebooks 05-07)"""
-    from .devices import synchronize
-
     it, seen = iter(loader), 0
     x, _ = next(it)  # start-up (workers, first gather) is not throughput
     device = x.device

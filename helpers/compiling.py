@@ -7,10 +7,10 @@ import time
 import warnings
 
 import torch
-import torch._dynamo
 
 from .devices import pick_device, synchronize
-from .timing import time_fn
+from .step import train_step
+from .timing import time_fn, time_train_step
 
 
 def _first_call_seconds(step, device) -> float:
@@ -47,9 +47,6 @@ def compare_compiled(make_model, batch, device="auto", *, amp=False, mode: str |
     cold, inductor's caches bypassed: what a first run pays; a rerun of the same program on the same machine loads
     the kernels from inductor's on-disk cache and pays less.
     """
-    from .timing import time_train_step
-    from .step import train_step
-
     device = pick_device(device)
     torch.manual_seed(0)
     eager = time_train_step(make_model(), batch, device, amp=amp, host_inputs=host_inputs,

@@ -33,6 +33,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
+from .step import train_step
+
 aten = torch.ops.aten
 GATES = {0: 1, 1: 1, 2: 4, 3: 3}   # cuDNN/oneDNN RNN mode -> gates: RNN_RELU, RNN_TANH, LSTM (i, f, g, o), GRU (r, z, n)
 _ALLOCATIONS = {aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty, aten.new_empty_strided}
@@ -275,8 +277,6 @@ def count_step(model: nn.Module, batch, device: str | torch.device = "cpu", *, o
     (a few operators over all parameters) and a for-loop (operators per parameter) on a CPU; use it for a count made
     on a CPU that predicts a GPU (``helpers.predictions``).
     """
-    from .step import train_step
-
     prepared = train_step(model, optimizer, batch, device, loss_fn=loss_fn, amp=amp, host_inputs=host_inputs,
                           channels_last=channels_last, copy=True)
     if foreach:

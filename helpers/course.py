@@ -1,4 +1,5 @@
-"""What every notebook does the same way: the preamble, sizes per mode, exercise checks, showing source.
+"""What every notebook does the same way: the preamble, sizes per mode, exercise checks, showing source (every
+lesson; notebook 00 shows it).
 
 ``setup`` replaces the eight copies of "parameters → device → hardware banner → no-GPU notice → reference
 results" that opened the notebooks (notebook 00 explains each part).

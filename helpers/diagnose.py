@@ -36,16 +36,14 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
-from .devices import pick_device, synchronize, usable_cpus
-from .profiling import (
-    INPUT_BOUND_SHARE,
-    annotated_step,
-    forever,
-    free_memory,
-    out_of_memory,
-    profiler_peak_mb,
-)
-from .step import channels_last_batch, resolve_amp, split_batch, train_step
+from .ceilings import main_dtype, measured_ceilings, mfu
+from .cifar10 import FileImageDataset
+from .compiling import require_compiler
+from .counting import count_step
+from .devices import loader_workers, pick_device, synchronize, usable_cpus
+from .predictions import predict_step
+from .profiling import INPUT_BOUND_SHARE, annotated_step, forever, free_memory, out_of_memory, profiler_peak_mb
+from .step import BOUNDS, channels_last_batch, resolve_amp, split_batch, train_step
 from .training import rng_state, set_rng_state
 
 LESSON = {"threads": "01 and 02", "workers": "04", "decoded": "04", "pinned": "03", "amp": "06",
@@ -58,8 +56,6 @@ CAVEAT = {"amp": "lower precision: check the accuracy (lesson 06)",
           "threads": "other programs hold some of the cores now: measure again when they stop"}
 SIDE = {"threads": "step", "workers": "input", "decoded": "input", "pinned": "input", "amp": "model",
         "channels_last": "model", "batch": "model", "compile": "model"}
-BOTTLENECK_LESSON = {"input": "04", "transfer": "03", "overhead": "08", "compute": "06 and 08", "memory": "08",
-                     "out of memory": "09"}
 INPUT_SHARE = INPUT_BOUND_SHARE  # the real step spends this share or more outside the model: input-bound (09)
 OVERHEAD_GAIN = 4 / 3   # twice the batch gives this many times the items/s or more: a fixed cost is half the step
 FLOOR_EXPLAINS = 0.5    # the largest floor explains this share of the model's step: it names the verdict
@@ -96,7 +92,8 @@ class Diagnosis:
 
     def markdown(self) -> str:
         """The report: the verdict with its numbers, the measurements, the lever table, what to change first."""
-        head = f"**Bottleneck: {self.bottleneck}** — {self.reason} (lesson {BOTTLENECK_LESSON[self.bottleneck]})."
+        lessons = BOUNDS[self.bottleneck][1] if self.bottleneck in BOUNDS else "lesson 09"  # or out of memory
+        head = f"**Bottleneck: {self.bottleneck}** — {self.reason} ({lessons})."
         if self.bottleneck == "out of memory":
             return (f"{head}\n\nNothing else was measured. Lesson 09's levers: a smaller batch, activation "
                     "checkpointing, mixed precision, sharding the model (FSDP2).\n\n"
@@ -458,10 +455,6 @@ def _floors(b: _Bench, rates: dict) -> dict:
     ``measured_ceilings``): operators × cost per operator, FLOPs at the matmul peak, bytes at the bandwidth; their
     shares of the model-alone step; the MFU of the real step and of the model alone against the measured peak."""
     try:
-        from .ceilings import main_dtype, measured_ceilings, mfu
-        from .counting import count_step
-        from .predictions import predict_step
-
         work = count_step(b.model, b.host_batch, b.device, optimizer=b.optimizer, loss_fn=b.loss_fn,
                           host_inputs=b.host_inputs)
         ceilings = measured_ceilings(b.device)
@@ -575,8 +568,6 @@ def _lever_channels_last(b: _Bench, share: float) -> dict | str:
 
 
 def _lever_compile(b: _Bench, share: float) -> dict | str:
-    from .compiling import require_compiler
-
     require_compiler()
     torch._dynamo.reset()
     side = b.model_side(compiled=True)
@@ -616,8 +607,6 @@ def _clearly_faster(threads) -> bool:
 
 
 def _lever_workers(b: _Bench, share: float) -> dict | str:
-    from .devices import loader_workers
-
     have, want = b.loader.num_workers, loader_workers()
     more = _like(b.loader, num_workers=want, persistent_workers=True)
     got = b.compare(b.real_side, lambda: b.real_side(more), share)
@@ -649,8 +638,6 @@ def _decoder(dataset):
     """(decode(i), target(i), transform, target_transform) for the datasets whose decode step can be told apart
     from their transforms: torchvision's ``DatasetFolder``/``ImageFolder`` and the course's ``FileImageDataset``."""
     from torchvision.datasets import DatasetFolder
-
-    from .cifar10 import FileImageDataset
 
     if isinstance(dataset, DatasetFolder):
         return (lambda i: dataset.loader(dataset.samples[i][0]), lambda i: dataset.samples[i][1],
@@ -750,8 +737,6 @@ ALL_LEVERS = ("threads", "batch", "channels_last", "amp", "compile", "workers", 
 def _inapplicable(b: _Bench, name: str) -> str | None:
     """Why lever ``name`` cannot apply to this step at all (said before any budget is spent on it), or None."""
     from torch.utils.data import DataLoader, IterableDataset
-
-    from .devices import loader_workers
 
     loader, data = b.loader, getattr(b.loader, "dataset", None)
     if name == "channels_last" and not any(isinstance(m, nn.Conv2d) for m in b.model.modules()):
@@ -869,9 +854,10 @@ def diagnose(model: nn.Module, loader, loss_fn=None, optimizer=None, device="aut
                      recommend(measured), advice(bottleneck, measured, skipped, b.rates), time.perf_counter() - t0)
 
 
-def _load(script: str) -> tuple:
-    """model, loader, loss_fn, optimizer, host_inputs from a script's functions; ValueError with one line if it
-    lacks them or raises."""
+def load_script(script: str) -> tuple:
+    """model, loader, loss_fn, optimizer, host_inputs from a script's ``make_model``, ``make_loader`` and
+    ``make_optimizer`` (``python -m helpers.diagnose SCRIPT``, notebook 10); ValueError with one line if it lacks
+    them or they raise."""
     try:
         spec = runpy.run_path(script)
     except FileNotFoundError:
@@ -906,7 +892,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     loader = None
     try:
-        model, loader, loss_fn, optimizer, host_inputs = _load(args.script)
+        model, loader, loss_fn, optimizer, host_inputs = load_script(args.script)
         device = pick_device(args.device)
         extra = [n.strip() for n in args.levers.split(",") if n.strip()]
         unknown = [n for n in extra if n not in ALL_LEVERS]

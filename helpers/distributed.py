@@ -21,7 +21,22 @@ from types import SimpleNamespace
 
 import torch
 
+from .cifar10 import (
+    DeviceLoader,
+    ImageSet,
+    ImageTensorDataset,
+    cifar10_transform,
+    input_images_per_s,
+    normalize,
+    synthetic_images,
+)
+from .devices import float32_precision
+from .models import CompactNet, ConvBlockNet
 from .results import atomic_write_text
+from .schedules import make_scheduler
+from .step import resolve_amp
+from .timing import time_train_step
+from .training import evaluate, fit, flip_accuracy, seed_everything
 
 REFERENCE_BATCH = 256   # --base-lr is the rate for this global batch; the linear scaling rule scales from it
 SUBSET_SEED = 1234      # --train-limit: the same random training subset on every rank and every run
@@ -83,8 +98,6 @@ def _parse(argv):
 
 
 def _load_sets(args):
-    from .cifar10 import ImageSet, synthetic_images
-
     if args.synthetic:  # same class patterns, fresh noise for the test images
         return synthetic_images(args.synthetic), synthetic_images(max(args.synthetic // 5, 10), noise_seed=1)
     if not args.data:
@@ -143,8 +156,6 @@ def _loaders(args, me: Rank, train, test):
     """The rank's training loader (its slice of each epoch), a validation loader on rank 0, the test loader."""
     from torch.utils.data import DataLoader, DistributedSampler
 
-    from .cifar10 import DeviceLoader, ImageSet, ImageTensorDataset, cifar10_transform
-
     if args.loader == "device":
         if 0 < args.train_limit < len(train):
             keep = _fixed_subset(range(len(train)), args.train_limit, SUBSET_SEED).indices
@@ -177,9 +188,6 @@ def _throughputs(args, me: Rank, model, loader) -> dict:
     """
     import copy
 
-    from .cifar10 import input_images_per_s
-    from .timing import time_train_step
-
     if me.rank != 0:
         return {}
     x, y = next(iter(loader))
@@ -201,9 +209,6 @@ def _model(args, me: Rank, train):
     ``--model compact``: CompactNet, its first layer whitening 2×2 patches of the first 5,000 training images.
     """
     from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from .cifar10 import normalize
-    from .models import CompactNet, ConvBlockNet
 
     torch.manual_seed(args.seed)
     widths = tuple(int(w) for w in args.widths.split(","))
@@ -228,8 +233,6 @@ def scaled_lr(args, me: Rank) -> float:
 
 def _optimizer(args, me: Rank, net, steps_per_epoch: int):
     """SGD at the linearly scaled learning rate, and its schedule (``helpers.schedules.make_scheduler``)."""
-    from .schedules import make_scheduler
-
     lr = scaled_lr(args, me)
     trained = [p for p in net.parameters() if p.requires_grad]  # CompactNet's whitening layer is frozen
     groups = [{"params": [p for p in trained if p.ndim > 1], "weight_decay": args.weight_decay},  # weights decay,
@@ -243,8 +246,6 @@ def _optimizer(args, me: Rank, net, steps_per_epoch: int):
 def _validation_seconds(args, me: Rank, model, val_loader) -> float:
     """Rank 0, under ``--budget-min``: one timed validation pass (a DataLoader with per-image transforms: on a GPU
     it can cost more than the epoch's steps), so the plan counts it."""
-    from .training import evaluate
-
     if val_loader is None or not args.budget_min:  # (only rank 0 has a validation loader)
         return 0.0
     t0 = time.perf_counter()
@@ -296,9 +297,6 @@ def _step_hook(args, me: Rank, steps_per_epoch: int):
 def _report(args, me: Rank, model, history, train_images: int, source: str, lr: float, test_loader,
             speeds: dict) -> None:
     """Rank 0: log the epochs, test once, write the results JSON and the final parameters."""
-    from .step import resolve_amp
-    from .training import evaluate, flip_accuracy
-
     for e in history.epochs:
         val = f", validation accuracy {e['val_accuracy']:.4f}" if "val_accuracy" in e else ""
         me.log(f"epoch {e['epoch']}: train loss {e['train_loss']:.4f}, train accuracy {e['train_accuracy']:.4f}{val}, "
@@ -342,8 +340,6 @@ def _model_flops(history, world: int) -> dict:
 
 def setup(args, me: Rank) -> SimpleNamespace:
     """Data, loaders, the replica, optimizer and schedule of this rank; then its own random stream (notebook 05)."""
-    from .training import seed_everything
-
     train_set, test_set = _load_sets(args)
     loader, val_loader, test_loader = _loaders(args, me, train_set, test_set)
     model, net = _model(args, me, train_set)
@@ -361,9 +357,6 @@ def setup(args, me: Rank) -> SimpleNamespace:
 
 def train(args, me: Rank) -> None:
     """Train the network with DDP on this rank: data slice, replica, fit, and rank 0's report (notebook 05)."""
-    from .step import resolve_amp
-    from .training import fit
-
     r = setup(args, me)
     lr = scaled_lr(args, me)  # the peak rate (a OneCycle schedule starts below it)
     how = f"world size {me.world} ({me.backend} on {me.device.type})" if me.use_pg else \
@@ -390,8 +383,6 @@ def train(args, me: Rank) -> None:
 def main(argv=None) -> int:
     """The torchrun entry point: join the process group, train, leave it (notebook 05)."""
     import torch.distributed as dist
-
-    from .devices import float32_precision
 
     args = _parse(argv)
     me = _join(args)

@@ -1,4 +1,4 @@
-"""The exercises' checks: each computes its answer from the learner's own run, out of sight (every lesson), and the
+"""The exercises' checks: each computes its answer from the learner's own run, out of sight (notebooks 00-11), and the
 predict-then-measure exercises' feedback (``check_prediction``).
 
 An exercise cell ends with ``check("03.1", copy_us)``: the check reads what the notebook measured (its global
@@ -16,6 +16,13 @@ from typing import Callable
 
 import torch
 
+from .devices import cpu_bf16_native, usable_cpus
+from .diagnose import classify
+from .gpt import GPTConfig, flops_per_token
+from .models import SequenceClassifier
+from .profiling import INPUT_BOUND_SHARE, OVERHEAD_BOUND_BUSY, verdict
+from .step import BOUNDS
+from .training import evaluate
 from .transfer import format_bytes
 
 NOT_ATTEMPTED = "not attempted"  # the placeholder of an exercise whose right answer can be None
@@ -76,9 +83,6 @@ def _unseen_label(ns) -> Answer:
 
 
 def _lstm(ns) -> Answer:
-    from .models import SequenceClassifier
-    from .training import evaluate
-
     def trained(accuracy):  # unidirectional, this model's own test accuracy, better than guessing a speaker
         lstm = ns.get("lstm")
         if not isinstance(lstm, SequenceClassifier) or lstm.lstm.bidirectional:
@@ -168,13 +172,11 @@ def _relu_intensity(_) -> Answer:
 
 
 def _bound(ns) -> Answer:
-    from .profiling import INPUT_BOUND_SHARE, OVERHEAD_BOUND_BUSY, verdict
-
     bound = verdict(ns["exercise_phases"], busy_ms=ns["exercise_busy_ms"]).bound
     limits = f"{INPUT_BOUND_SHARE:.0%} and {OVERHEAD_BOUND_BUSY:.0%}"
     return Answer(bound, "Input share: (data wait + copy) / the whole step; then the busy share of forward, backward "
                   "and optimizer.", wrong=[(b, f"Not {b}: compute both shares and compare them with {limits}.")
-                                          for b in ("input", "overhead", "compute") if b != bound])
+                                          for b in BOUNDS if b != bound])
 
 
 def _batch_16gib(ns) -> Answer:
@@ -186,8 +188,6 @@ def _batch_16gib(ns) -> Answer:
 
 
 def _bottleneck(ns) -> Answer:
-    from .diagnose import classify
-
     rates, phases = ns["exercise_rates"], ns["exercise_phases"]
     kind = classify(rates, phases, ns["exercise_floors"], ns["exercise_batch"])[0]
     wait, copy = phases["data wait"], phases["host to device"]
@@ -198,12 +198,10 @@ def _bottleneck(ns) -> Answer:
     return Answer(kind, "Which side is slower, the input alone or the model alone? Which share of the real step is "
                   "spent outside the model (1 - real / model)? Then compare copying with waiting.",
                   wrong=[(k, f"Not {k}: " + why.get(k, side))
-                         for k in ("input", "transfer", "overhead", "compute", "memory") if k != kind])
+                         for k in BOUNDS if k != kind])
 
 
 def _flops_gpt2(ns) -> Answer:
-    from .gpt import GPTConfig, flops_per_token
-
     cfg = GPTConfig(vocab=50_257, seq_len=1024, d_model=768, n_layers=12)
     weights = 6 * (ns["n_blocks"] + cfg.vocab * cfg.d_model)
     return Answer(flops_per_token(cfg, ns["n_blocks"])["total"], "6 × (85e6 + 50257 × 768) for the weights, plus "
@@ -298,8 +296,6 @@ def _copy_gbps(ns) -> tuple:
 
 
 def _sweep_speedup(ns) -> tuple:
-    from .devices import usable_cpus
-
     n = ns["processes"]
     return ns["parallel_sweep_speedup"], "×", (
         f"{n} processes shared {usable_cpus()} usable core(s): at most {n}×. Starting each process, loading the data "
@@ -327,11 +323,11 @@ def _compile_speedup(ns) -> tuple:
 
 
 def _checkpoint_time(ns) -> tuple:
-    ckpt = ns["ckpt"]
-    return ckpt["time_ratio"], "×", (
+    kept = f"It kept {ns['ckpt']['memory_ratio']:.0%} of the peak memory in exchange (section 4)."
+    return ns["ckpt"]["time_ratio"], "×", (
         "checkpointing runs the checkpointed blocks' forward again during backward. A backward does about twice a "
         "forward's arithmetic, so one more forward is about a third more (about 1.3×) where arithmetic sets the "
-        f"time. It kept {ckpt['memory_ratio']:.0%} of the peak memory in exchange (section 4).")
+        "time. " + kept)
 
 
 def _input_gap(ns) -> tuple:
@@ -352,8 +348,6 @@ def _gpt_mfu(ns) -> tuple:
 
 
 def _amp_speedup(ns) -> tuple:
-    from .devices import cpu_bf16_native
-
     steps, dev, speedup = ns["step_ms"], ns["dev"], ns["amp_speedup"]
     if speedup is None:
         return None, "", "No half-precision step was measured in this run (its time budget left none)."

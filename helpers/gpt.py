@@ -19,7 +19,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from .devices import half_precision
+from .profiling import peak_mb, tensor_mb
 from .results import course_file
+from .timing import time_fn
 
 CORPUS = "tinyshakespeare.txt"
 CORPUS_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
@@ -333,8 +336,6 @@ def attention_backends(device) -> list:
 def attention_dtype(device) -> torch.dtype:
     """The dtype attention is timed in: a CUDA GPU's native half precision (bf16 from compute capability 8.0, fp16
     below: ``helpers.devices.half_precision``), fp32 elsewhere (notebook 11)."""
-    from .devices import half_precision
-
     return half_precision(device) if torch.device(device).type == "cuda" else torch.float32
 
 
@@ -347,9 +348,6 @@ def time_attention(batch: int, heads: int, seq_len: int, head_dim: int, device="
     ``dtype``; a backend that cannot run these inputs (wrong device, dtype or shape) records its error instead.
     """
     from torch.nn.attention import sdpa_kernel
-
-    from .profiling import peak_mb
-    from .timing import time_fn
 
     dtype = dtype or attention_dtype(device)
     q, k, v = (torch.randn(batch, heads, seq_len, head_dim, device=device, dtype=dtype, requires_grad=True)
@@ -377,8 +375,6 @@ def step_cost(cfg: GPTConfig, batch_size: int, device="cpu", *, accumulate: int 
     step (weights, AdamW state and what the step allocates: ``peak_mb``), with ``batch_size`` split into
     ``accumulate`` micro-batches (notebook 11). The optimizer's state exists before the measurement (one step first).
     """
-    from .profiling import peak_mb, tensor_mb
-
     torch.manual_seed(seed)
     model = GPT(cfg).to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **(optimizer_kw or {}))
@@ -392,8 +388,6 @@ def step_cost(cfg: GPTConfig, batch_size: int, device="cpu", *, accumulate: int 
             loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-
-    from .timing import time_fn
 
     seconds = time_fn(step, device, warmup=1, min_run_time=min_run_time).median_s
     peak = peak_mb(step, device, held=(model, opt))

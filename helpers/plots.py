@@ -241,7 +241,7 @@ PREDICTED_LABEL = "predicted from the datasheet, not measured"
 
 
 def _merged_predictions(predictions: dict) -> dict:
-    """GPUs whose predicted points coincide (to 0.1 %: a host-bound step costs every GPU the same) under one label,
+    """GPUs whose predicted points coincide (to 0.1 %: an overhead-bound step costs every GPU the same) under one label,
     ``"T4, A100: ..."``, so that identical lines are drawn once (notebook 01)."""
     groups: list = []
     for gpu, points in (predictions or {}).items():

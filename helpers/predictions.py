@@ -13,9 +13,19 @@ import os
 
 import torch
 
-from .ceilings import (datasheet, datasheet_ceilings, datasheet_name, dtype_peak, launch_cost, main_dtype,
-                       measured_ceilings)
+from .ceilings import (
+    datasheet,
+    datasheet_ceilings,
+    datasheet_name,
+    dtype_peak,
+    launch_cost,
+    main_dtype,
+    measured_ceilings,
+)
+from .counting import count_fn, count_step
 from .devices import float32_precision
+from .timing import time_fn, time_train_step
+from .transfer import pcie_theoretical
 
 # The datasheet GPUs a prediction shows by default: a free notebook's GPU, a common rental, a current flagship.
 DEFAULT_GPUS = ("T4", "A100 80GB SXM", "H100 SXM")
@@ -25,8 +35,6 @@ PREDICTED = "predicted from the datasheet, not measured"
 def _gpu_count(model, batch, device="cpu", **count_kw):
     """``count_step`` of the step as a CUDA GPU runs it: the optimizer's foreach kernels, where a CPU runs a
     for-loop over the parameters (``counting.count_step``), unless ``count_kw`` says otherwise."""
-    from .counting import count_step
-
     return count_step(model, batch, device, **{"foreach": True, **count_kw})
 
 
@@ -200,8 +208,6 @@ def predicted_copy(sizes, gpus=None, *, op_s: float | None = None) -> dict:
     the cited launch cost, the link rate the theoretical one-direction rate of its generation and width
     (``helpers.transfer.pcie_theoretical``). ``{gpu: {"link", "gbps": {size: GB/s}}}``; a GPU whose link is not a
     PCIe link of known width is left out (notebook 03)."""
-    from .transfer import pcie_theoretical
-
     op_s = _host_op_s(op_s)
     fixed, found, sheet = op_s + launch_cost()["value"], {}, datasheet()
     for gpu in gpus_here(gpus):
@@ -281,9 +287,6 @@ def check_predictions(cases: dict, device="cpu", *, ceilings: dict | None = None
     in true fp32 (``float32_precision("ieee")``): the fp32 peak it is divided by is true fp32's, while cuDNN's
     convolutions and RNNs would run TF32 by default on Ampere and newer GPUs.
     """
-    from .counting import count_fn, count_step
-    from .timing import time_fn, time_train_step
-
     ceilings = ceilings or measured_ceilings(device)
     host_op_s = ceilings["op_s"] if str(ceilings.get("device", "cpu")) == "cpu" else None  # a CPU's, not a GPU's
     found = {}

@@ -29,7 +29,8 @@ from torch.profiler import ProfilerActivity, profile, record_function, schedule
 from torch.utils.checkpoint import checkpoint
 
 from .devices import synchronize
-from .step import split_batch
+from .step import BOUNDS, split_batch, train_step
+from .timing import time_train_step
 
 PHASES = ("data wait", "host to device", "forward", "backward", "optimizer")
 PHASE_PREFIX = "phase/"       # record_function names: "phase/forward", ...
@@ -218,50 +219,53 @@ def step_phases(trace) -> StepPhases:
 
 @dataclass
 class Verdict:
-    """What bounds a training step, why (from the numbers), and the fix that calls for (notebook 09)."""
+    """What bounds a training step (a name of ``helpers.step.BOUNDS``), why (from the numbers), and its fix
+    (notebook 09)."""
 
-    bound: str      # "input" | "overhead" | "compute": the course's words for what bounds a step
+    bound: str
     reason: str
     fix: str
 
 
-FIXES = {
-    "input": "feed the device faster: more DataLoader workers (num_workers), pin_memory=True with "
-             "non_blocking copies, augmentation batched on the device, decoded images cached (notebook 04)",
-    "overhead": "give the device bigger pieces of work: a larger batch, fewer and fused operators "
-                "(torch.compile), CUDA graphs (notebook 08)",
-    "compute": "make the arithmetic cheaper: mixed precision and channels_last (notebook 06), "
-               "torch.compile (notebook 08), a faster or a second device (notebook 05)",
-}
+def verdict(phase_ms: dict, busy_ms: float | None = None, *, intensity: float | None = None,
+            ridge: float | None = None) -> Verdict:
+    """Name the bound of a step from its phases (ms), the device's busy time and, when given, the step's arithmetic
+    intensity (FLOP per byte) against the ridge point (notebook 09).
 
-
-def verdict(phase_ms: dict, busy_ms: float | None = None) -> Verdict:
-    """Name the bound of a step from its phases (ms) and device busy time (notebook 09).
-
-    Input-bound: data wait + host→device copy take at least ``INPUT_BOUND_SHARE`` of the step. Otherwise
-    overhead-bound: the device is busy for less than ``OVERHEAD_BOUND_BUSY`` of the compute phases (it waits for
-    the host to issue work). Otherwise compute-bound.
+    Input or transfer: data wait + host→device copy take at least ``INPUT_BOUND_SHARE`` of the step; transfer when
+    copying takes longer than waiting (``helpers.diagnose.classify``'s rule). Otherwise overhead: the device is busy
+    for less than ``OVERHEAD_BOUND_BUSY`` of the compute phases (it waits for the host to issue work). Otherwise
+    memory when the intensity is below the ridge point, else compute.
     """
     step = sum(phase_ms.values())
     if step <= 0:
         raise ValueError("the phases add up to no time at all")
-    inputs = phase_ms.get("data wait", 0.0) + phase_ms.get("host to device", 0.0)
+    wait, moved = phase_ms.get("data wait", 0.0), phase_ms.get("host to device", 0.0)
     compute = sum(phase_ms.get(k, 0.0) for k in ("forward", "backward", "optimizer"))
-    if inputs / step >= INPUT_BOUND_SHARE:
-        return Verdict("input", f"waiting for and copying the batch takes {inputs / step:.0%} of the step",
-                       FIXES["input"])
-    if busy_ms is not None and compute > 0 and busy_ms / compute < OVERHEAD_BOUND_BUSY:
-        return Verdict("overhead", f"the device is busy for only {busy_ms / compute:.0%} of the forward, "
-                       "backward and optimizer time", FIXES["overhead"])
-    busy = f"; the device is busy {busy_ms / compute:.0%} of it" if busy_ms is not None and compute > 0 else ""
-    return Verdict("compute", f"forward, backward and optimizer take {compute / step:.0%} of the step{busy}",
-                   FIXES["compute"])
+    busy = busy_ms / compute if busy_ms is not None and compute > 0 else None
+    if (wait + moved) / step >= INPUT_BOUND_SHARE:
+        bound = "transfer" if moved > wait else "input"
+        why = (f"waiting for the batch ({wait:.3g} ms) and copying it ({moved:.3g} ms) take {(wait + moved) / step:.0%} "
+               "of the step")
+    elif busy is not None and busy < OVERHEAD_BOUND_BUSY:
+        bound, why = "overhead", f"the device is busy for only {busy:.0%} of the forward, backward and optimizer time"
+    else:
+        low = intensity is not None and ridge is not None and intensity < ridge
+        bound = "memory" if low else "compute"
+        why = (f"forward, backward and optimizer take {compute / step:.0%} of the step"
+               + (f"; the device is busy {busy:.0%} of it" if busy is not None else "")
+               + (f"; {intensity:.3g} FLOP per byte is {'below' if low else 'above'} the ridge point {ridge:.3g}"
+                  if intensity is not None and ridge is not None else
+                  "; memory is not ruled out (pass the step's intensity and the ridge point)"))
+    fix, lessons = BOUNDS[bound]
+    return Verdict(bound, why, f"{fix} ({lessons})")
 
 
 # ---------------------------------------------------------------- memory
 
 def tensor_mb(*objects) -> float:
-    """MB held by the tensors of modules (parameters, gradients, buffers) and optimizers (state) (notebook 09).
+    """MB held by tensors, and by the tensors of modules (parameters, gradients, buffers) and optimizers (state)
+    (notebook 09).
 
     Sharded (DTensor) parameters count their local shard only: what this process holds.
     """
@@ -275,7 +279,9 @@ def tensor_mb(*objects) -> float:
             total += t.untyped_storage().nbytes()
 
     for obj in objects:
-        if isinstance(obj, nn.Module):
+        if torch.is_tensor(obj):
+            add(obj)
+        elif isinstance(obj, nn.Module):
             for t in [*obj.parameters(), *obj.buffers()]:
                 add(t)
                 if getattr(t, "grad", None) is not None:
@@ -353,24 +359,17 @@ def peak_mb(fn: Callable[[], object], device: str | torch.device, held=()) -> fl
 
 
 def step_peak_mb(model: nn.Module, optimizer, batch_size: int, device: str | torch.device, *,
-                 make_batch: Callable[[int], tuple] | None = None, loss_fn=None) -> float:
-    """Peak memory (MB) of one training step at ``batch_size``, the batch created on the device (notebook 09):
-    ``peak_mb`` of the step with the model's and optimizer's tensors held. ``make_batch(n)`` defaults to
-    CIFAR-sized random images.
+                 make_batch: Callable[[int], tuple] | None = None, loss_fn=None, amp=False,
+                 channels_last: bool = False) -> float:
+    """Peak memory (MB) of one training step at ``batch_size`` (notebooks 06, 09): ``peak_mb`` of the course's step
+    (``helpers.step.train_step``, its precision and ``channels_last`` included), with the model's, the optimizer's
+    and the batch's tensors held. ``make_batch(n)`` defaults to CIFAR-sized random images.
     """
-    device = torch.device(device)
     make_batch = make_batch or (lambda n: (torch.randn(n, 3, 32, 32), torch.randint(0, 10, (n,))))
-    loss_fn = loss_fn or nn.CrossEntropyLoss()
-    model.to(device).train()
-    optimizer.zero_grad(set_to_none=True)
-
-    def step():
-        x, y = (t.to(device) for t in make_batch(batch_size))
-        loss_fn(model(x), y).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    return peak_mb(step, device, held=(model, optimizer))
+    step = train_step(model, optimizer, make_batch(batch_size), device, loss_fn=loss_fn, amp=amp,
+                      channels_last=channels_last)
+    step.optimizer.zero_grad(set_to_none=True)
+    return peak_mb(step, step.device, held=(step.model, step.optimizer, *step.inputs, step.target))
 
 
 def out_of_memory(err: BaseException) -> bool:
@@ -528,8 +527,6 @@ def checkpointing_tradeoff(make_model: Callable[[], nn.Module], batch_size: int,
     The two step times are measured in ``rounds`` alternating rounds and their medians kept, so that a machine
     whose speed drifts (a shared CPU) does not favour whichever ran second.
     """
-    from .timing import time_train_step
-
     runs = {}
     for name in ("plain", "checkpointed"):
         torch.manual_seed(0)

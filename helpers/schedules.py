@@ -10,6 +10,9 @@ import math
 import torch
 from torch.optim import lr_scheduler
 
+from .devices import pick_device
+from .step import split_batch
+
 SCHEDULES = ("constant", "piecewise", "cosine", "warmup_cosine", "onecycle")
 
 
@@ -78,9 +81,6 @@ def lr_range_test(model, loader, *, device="cpu", start: float = 1e-5, end: floa
     Stops early when the loss exceeds 4× its best. Returns ``{"lr": [...], "loss": [...], "smoothed": [...]}``;
     a good peak LR is somewhat below where the smoothed loss is lowest. The model's weights change: use a copy.
     """
-    from .devices import pick_device
-    from .step import split_batch
-
     device = pick_device(device)
     model.to(device).train()
     loss_fn = loss_fn or torch.nn.CrossEntropyLoss()

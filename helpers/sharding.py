@@ -23,6 +23,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from . import launcher
+from .devices import synchronize
+from .gpt import GPT, GPTConfig, lm_loss
+from .profiling import peak_mb, tensor_mb
 from .results import atomic_write_text
 
 ENTRY_POINT = "helpers.sharding"
@@ -52,8 +56,6 @@ def make_mlp(width: int, layers: int, n_classes: int = 10) -> nn.Sequential:
 def gpt_config(args):
     """The ``helpers.gpt.GPTConfig`` that ``--model gpt`` trains: ``--width`` is d_model, ``--layers`` the blocks.
     (notebook 11)"""
-    from .gpt import GPTConfig
-
     return GPTConfig(vocab=args.vocab, seq_len=args.seq_len, d_model=args.width, n_layers=args.layers,
                      n_heads=args.heads)
 
@@ -61,8 +63,6 @@ def gpt_config(args):
 def make_model(args) -> nn.Module:
     """The model ``args`` name: the MLP (notebook 09) or ``helpers.gpt.GPT`` (notebook 11)."""
     if args.model == "gpt":
-        from .gpt import GPT
-
         return GPT(gpt_config(args))
     return make_mlp(args.width, args.layers)
 
@@ -90,8 +90,6 @@ def _batch(args, rank: int, device: torch.device) -> tuple:
     random token windows and their next tokens for the GPT."""
     g = torch.Generator().manual_seed(100 + rank)
     if args.model == "gpt":
-        from .gpt import lm_loss
-
         x = torch.randint(0, args.vocab, (args.batch_size, args.seq_len + 1), generator=g)
         return x[:, :-1].to(device), x[:, 1:].to(device), lm_loss
     x = torch.randn(args.batch_size, args.width, generator=g).to(device)
@@ -125,9 +123,6 @@ def run_mode(mode: str, args, rank: int, world: int, device: torch.device) -> di
     import time
 
     import torch.distributed as dist
-
-    from .devices import synchronize
-    from .profiling import peak_mb, tensor_mb
 
     torch.manual_seed(0)  # the same initial weights on every rank and in both modes
     net = wrap(make_model(args).to(device), mode, device)
@@ -206,8 +201,6 @@ def compare(nproc: int, out: str | Path, *, device: str = "cpu", width: int = 10
     ``model="gpt"`` trains ``helpers.gpt.GPT(gpt_config)`` (its d_model and blocks replace ``width`` and ``layers``)
     on random windows of ``gpt_config.seq_len`` tokens with AdamW; the default trains notebook 09's MLP with Adam.
     """
-    from . import launcher
-
     shape = ["--width", width, "--layers", layers]
     if model == "gpt":
         c = gpt_config

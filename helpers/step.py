@@ -1,4 +1,5 @@
-"""One training step of the course, the plain PyTorch one: precision, loss scaler, batch to the device, the step.
+"""One training step of the course, the plain PyTorch one: precision, loss scaler, batch to the device, the step;
+and ``BOUNDS``, the course's names for what bounds a step (notebooks 00, 01, 09, 10).
 
 Notebook 00 shows it; ``helpers.training.fit`` loops over it, and timing, counting, diagnosing and compiling a step
 (``helpers.timing``, ``helpers.counting``, ``helpers.diagnose``, ``helpers.compiling``) call these same functions, so
@@ -15,6 +16,22 @@ import torch
 from torch import nn
 
 from .devices import half_precision, pick_device
+
+# What bounds a training step: the course's one set of names, each with its fix and the lessons that teach the fix.
+# Lesson 01 (section 5) defines compute, memory and overhead, lesson 03 transfer, lesson 04 input. Every module that
+# names a bound (profiling.verdict, diagnose.classify, predictions.predict_step, operations.regime) uses these words.
+BOUNDS = {
+    "compute": ("make the arithmetic cheaper: mixed precision and channels_last, torch.compile, a faster or a second "
+                "device", "lessons 06 and 08"),
+    "memory": ("move fewer bytes: fuse chains of elementwise operators (torch.compile), store activations in 16 bits "
+               "(mixed precision)", "lessons 06 and 08"),
+    "overhead": ("give the device bigger pieces of work: a larger batch, fewer and fused operators (torch.compile), "
+                 "CUDA graphs", "lesson 08"),
+    "input": ("feed the device faster: more DataLoader workers (num_workers), augmentation batched on the device, "
+              "decoded images cached", "lesson 04"),
+    "transfer": ("copy less, or while the device computes: pinned memory with non_blocking copies, the data kept on "
+                 "the device", "lesson 03"),
+}
 
 
 def resolve_amp(amp, device: torch.device) -> torch.dtype | None:

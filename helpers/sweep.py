@@ -9,6 +9,11 @@ import multiprocessing
 import time
 from typing import Callable
 
+from .labels import LabelEncoder
+from .models import SequenceClassifier
+from .training import evaluate, fit, seed_everything
+from .vowels import BucketBatchSampler, SequenceDataset, load_japanese_vowels, pad_collate
+
 
 def train_vowels(config: dict) -> dict:
     """One trial: train the lesson-01 sequence classifier on Japanese Vowels with ``config``; return its accuracy.
@@ -19,11 +24,6 @@ def train_vowels(config: dict) -> dict:
     """
     import torch
     from torch.utils.data import DataLoader
-
-    from .vowels import BucketBatchSampler, SequenceDataset, load_japanese_vowels, pad_collate
-    from .labels import LabelEncoder
-    from .models import SequenceClassifier
-    from .training import evaluate, fit, seed_everything
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()

@@ -1,4 +1,4 @@
-"""Text broken into lines where a reader expects it: figure labels (``helpers.plots``, every notebook's figures)
+"""Text broken into lines where a reader expects it: figure labels (``helpers.plots``, notebooks 00-11)
 and the long printed lines of the course site's pages (``tools/build_site.py``). Standard library only."""
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .devices import synchronize
+from .step import train_step
 
 
 def _benchmark():
@@ -44,7 +45,6 @@ class Timing:
     calls_per_run: int
     times_s: list = field(default_factory=list)
     items: int | None = None              # samples per call, when a call processes a batch
-    peak_memory_mb: float | None = None   # CUDA only: peak allocated memory while timing
 
     @property
     def items_per_s(self) -> float | None:
@@ -118,19 +118,14 @@ def time_train_step(model: nn.Module, batch, device: str | torch.device = "auto"
     The step is ``helpers.step.optimizer_step``, the one ``fit`` takes. By default the batch is moved to
     ``device`` once, so only compute is timed; ``batch_on_host=True`` copies it every step (from pinned memory
     with ``non_blocking`` if ``pinned``), to time the transfer too (notebook 03). ``optimizer`` defaults to
-    ``SGD(lr=0.01)``; ``channels_last`` converts model and images. The result's ``items_per_s`` is samples/s and,
-    on CUDA, ``peak_memory_mb`` the peak allocated memory (notebooks 01-06).
+    ``SGD(lr=0.01)``; ``channels_last`` converts model and images. The result's ``items_per_s`` is samples/s
+    (notebooks 01-06); ``helpers.profiling.step_peak_mb`` measures the same step's memory.
     """
-    from .step import train_step
-
     prepared = train_step(model, optimizer, batch, device, loss_fn=loss_fn, amp=amp, host_inputs=host_inputs,
                           channels_last=channels_last, pinned=pinned)
     device, step = prepared.device, (lambda: prepared(prepared.host)) if batch_on_host else prepared
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
     t = time_fn(step, device, label=label or "training step", warmup=warmup, min_run_time=min_run_time)
     t.items = int(prepared.target.shape[0])
-    t.peak_memory_mb = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
     return t
 
 

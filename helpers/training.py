@@ -1,4 +1,5 @@
-"""One training loop for the whole course: device, AMP, scheduler, metrics, progress, checkpoint/resume.
+"""One training loop for the whole course: device, AMP, scheduler, metrics, progress, checkpoint/resume (taught in
+notebook 01; lessons 03-11 train with it).
 
 Notebook 00 introduces it; notebook 01 uses it first. The loop is the plain PyTorch one
 (forward, loss, ``zero_grad``, ``backward``, ``step``) with the bookkeeping every lesson needs.
@@ -20,6 +21,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from .ceilings import main_dtype, measured_ceilings, mfu
+from .counting import count_step
 from .devices import pick_device
 from .results import atomic_write, shown_path
 from .step import make_scaler, optimizer_step, resolve_amp, split_batch
@@ -399,9 +402,6 @@ def _count_work(loop: _Loop, batch, meter: EpochMeter) -> None:
     """Count one step's FLOPs (``helpers.counting.count_step``, on a copy, the RNG state kept) and look up the
     device's measured peak if it is cached (fit never stops to measure it: call
     ``helpers.ceilings.measured_ceilings`` first); the time it takes is not training time."""
-    from .ceilings import main_dtype, measured_ceilings
-    from .counting import count_step
-
     model = _unwrap(loop.model)
     paused = loop.pace.clock() if loop.pace is not None else 0.0
     model = getattr(model, "_orig_mod", model)  # a torch.compile'd model: count the eager one (same model FLOPs)
@@ -422,8 +422,6 @@ def _count_work(loop: _Loop, batch, meter: EpochMeter) -> None:
 
 def _throughput(loop: _Loop, record: dict, seen: int) -> None:
     """Add the epoch's model FLOP/s and MFU against the measured peak to ``record`` (when counted)."""
-    from .ceilings import mfu
-
     if not loop.work or not record["seconds"] > 0:
         return
     record["flops_per_item"] = loop.work["flops_per_item"]

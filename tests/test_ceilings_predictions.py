@@ -251,7 +251,7 @@ def test_fp16_is_predicted_from_the_bf16_count_relabelled(monkeypatch):
         return synthetic_work(input_bytes=0) | {"rows": [dict(r, dtype="bfloat16" if amp else "float32")
                                                          for r in synthetic_work()["rows"]]}
 
-    monkeypatch.setattr(counting, "count_step", fake_count)
+    monkeypatch.setattr(predictions, "count_step", fake_count)
     batch = (torch.zeros(4, 3), torch.zeros(4, dtype=torch.long))
     found = predictions.predicted_training(lambda: None, batch, images=8, amp=True, gpus=("T4", "A100 80GB SXM"),
                                             op_s=1e-9)
@@ -343,7 +343,7 @@ def test_check_predictions_times_in_true_fp32(monkeypatch):
         assert torch.backends.cudnn.allow_tf32 is False and torch.backends.cuda.matmul.allow_tf32 is False
         return SimpleNamespace(median_s=1e-3)
 
-    monkeypatch.setattr(timing, "time_fn", fake_time_fn)
+    monkeypatch.setattr(predictions, "time_fn", fake_time_fn)
     before = devices.float32_settings()
     ceilings = {"flops_per_s": {"float32": 1e11}, "bytes_per_s": 1e10, "op_s": 1e-6, "device": "cpu"}
     predictions.check_predictions({"mm": dict(fn=torch.mm, args=[torch.randn(8, 8), torch.randn(8, 8)])}, "cpu",

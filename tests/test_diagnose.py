@@ -247,7 +247,7 @@ def test_the_compile_lever_reports_compile_time_and_break_even(one_thread, monke
     real = torch.compile
     compiled = []
     monkeypatch.setattr(torch, "compile", lambda model, **kw: compiled.append(model) or real(model, backend="aot_eager"))
-    monkeypatch.setattr("helpers.compiling.require_compiler", lambda: None)  # COURSE_NO_COMPILE may be set
+    monkeypatch.setattr("helpers.diagnose.require_compiler", lambda: None)  # COURSE_NO_COMPILE may be set
     monkeypatch.setattr("helpers.diagnose.COMPILE_MIN_S", 2)  # its compile takes a second, not inductor's 20
     model = tiny()
     before = {k: v.clone() for k, v in model.state_dict().items()}

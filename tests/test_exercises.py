@@ -89,7 +89,7 @@ def test_the_lstm_exercise_wants_a_trained_unidirectional_model_and_its_own_accu
 
     evaluated = {"accuracy": 0.75, "count": 370}
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("helpers.training.evaluate", lambda *a, **k: evaluated)
+        mp.setattr("helpers.exercises.evaluate", lambda *a, **k: evaluated)
         with pytest.raises(AssertionError, match="That is the BiLSTM's accuracy"):
             check("01.2", 0.8, namespace=ns(False))
         for bidirectional, answer in ((None, 0.75), (True, 0.75), (False, 0.5)):
@@ -153,11 +153,11 @@ def test_a_prediction_is_compared_with_the_measurement_and_never_raises(capsys, 
     assert "quick mode, smaller sizes, the largest size n = 1024" in capsys.readouterr().out
     steps = {"fp32": 40.0, "fp32 + channels_last": 38.0, "bf16": 200.0, "bf16 + channels_last": 210.0}
     cpu = {"step_ms": steps, "dev": torch.device("cpu"), "amp_speedup": 0.2}
-    monkeypatch.setattr("helpers.devices.cpu_bf16_native", lambda: False)
+    monkeypatch.setattr("helpers.exercises.cpu_bf16_native", lambda: False)
     assert check_prediction("06.p", 2.0, namespace=cpu) == pytest.approx(0.1)
     said = capsys.readouterr().out
     assert "1/10 of your guess" in said and "does not report bf16 instructions" in said and "bf16 200.0 ms" in said
-    monkeypatch.setattr("helpers.devices.cpu_bf16_native", lambda: True)
+    monkeypatch.setattr("helpers.exercises.cpu_bf16_native", lambda: True)
     check_prediction("06.p", 2.0, namespace=cpu)
     assert "depends on what bounds it" in capsys.readouterr().out
     assert check_prediction("06.p", 2.0, namespace=dict(cpu, amp_speedup=None)) is None

@@ -12,6 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from helpers import profiling, sharding
+from helpers.step import BOUNDS
 from helpers.models import ConvBlockNet
 
 matplotlib.use("Agg")
@@ -111,6 +112,20 @@ def test_step_peak_grows_linearly_with_batch():
     assert peaks[8] == pytest.approx(fixed + 8 * per_image, rel=0.05), "activations scale with the batch"
 
 
+def test_step_peak_measures_the_courses_step_with_its_precision_and_batch():
+    """One measure of memory (issue 37): lesson 06's mixed-precision step is measured by the same function as
+    lesson 09's sweep, the batch's own tensors counted, the model left in fp32."""
+    torch.manual_seed(0)
+    model = _small_net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    batch = (torch.randn(64, 3, 32, 32), torch.randint(0, 10, (64,)))
+    assert profiling.tensor_mb(*batch) == pytest.approx((64 * 3 * 32 * 32 * 4 + 64 * 8) / 2**20)
+    fp32 = profiling.step_peak_mb(model, opt, 64, "cpu", make_batch=lambda n: batch)
+    bf16 = profiling.step_peak_mb(model, opt, 64, "cpu", make_batch=lambda n: batch, amp="bf16", channels_last=True)
+    assert fp32 >= profiling.tensor_mb(model, opt, *batch) and bf16 > profiling.tensor_mb(*batch)
+    assert next(model.parameters()).dtype == torch.float32 and fp32 != bf16
+
+
 def test_linear_fit_is_exact_on_a_line():
     assert profiling.linear_fit({1: 5.0, 3: 9.0, 4: 11.0}) == pytest.approx((3.0, 2.0))
     with pytest.raises(ValueError):
@@ -172,17 +187,21 @@ def test_profile_training_without_the_profiler_still_times_the_phases():
     assert all(set(s) == set(profiling.PHASES) for s in run.clock_ms)
 
 
-@pytest.mark.parametrize("phases, busy, bound", [
-    ({"data wait": 30, "host to device": 2, "forward": 20, "backward": 40, "optimizer": 5}, 60, "input"),
-    ({"data wait": 18, "host to device": 2, "forward": 20, "backward": 50, "optimizer": 10}, 80, "input"),  # 20 %
-    ({"data wait": 1, "host to device": 0.5, "forward": 6, "backward": 10, "optimizer": 4}, 5, "overhead"),
-    ({"data wait": 1, "host to device": 0.5, "forward": 6, "backward": 10, "optimizer": 4}, None, "compute"),
-    ({"data wait": 1, "host to device": 2, "forward": 30, "backward": 60, "optimizer": 8}, 95, "compute"),
-    ({"data wait": 1, "host to device": 0, "forward": 30, "backward": 60, "optimizer": 9}, 49.4, "overhead"),
+@pytest.mark.parametrize("phases, busy, intensity, bound", [
+    ({"data wait": 30, "host to device": 2, "forward": 20, "backward": 40, "optimizer": 5}, 60, None, "input"),
+    ({"data wait": 18, "host to device": 2, "forward": 20, "backward": 50, "optimizer": 10}, 80, None, "input"),  # 20 %
+    ({"data wait": 2, "host to device": 30, "forward": 20, "backward": 40, "optimizer": 5}, 60, None, "transfer"),
+    ({"data wait": 1, "host to device": 0.5, "forward": 6, "backward": 10, "optimizer": 4}, 5, None, "overhead"),
+    ({"data wait": 1, "host to device": 0.5, "forward": 6, "backward": 10, "optimizer": 4}, None, None, "compute"),
+    ({"data wait": 1, "host to device": 2, "forward": 30, "backward": 60, "optimizer": 8}, 95, None, "compute"),
+    ({"data wait": 1, "host to device": 2, "forward": 30, "backward": 60, "optimizer": 8}, 95, 12.0, "compute"),
+    ({"data wait": 1, "host to device": 2, "forward": 30, "backward": 60, "optimizer": 8}, 95, 2.0, "memory"),
+    ({"data wait": 1, "host to device": 0, "forward": 30, "backward": 60, "optimizer": 9}, 49.4, 2.0, "overhead"),
 ])
-def test_verdict_rules(phases, busy, bound):
-    v = profiling.verdict(phases, busy_ms=busy)
-    assert v.bound == bound and v.fix == profiling.FIXES[bound] and v.reason
+def test_verdict_names_each_of_the_five_bounds(phases, busy, intensity, bound):
+    v = profiling.verdict(phases, busy_ms=busy, intensity=intensity, ridge=None if intensity is None else 10.0)
+    assert v.bound == bound and v.fix.startswith(BOUNDS[bound][0]) and BOUNDS[bound][1] in v.fix and v.reason
+    assert ("not ruled out" in v.reason) == (bound == "compute" and intensity is None)
 
 
 def test_verdict_refuses_an_empty_step():

@@ -325,15 +325,15 @@ def test_a_time_limit_of_zero_trains_one_step():
 
 def test_time_spent_counting_flops_is_not_training_time(monkeypatch):
     """fit counts the first step's FLOPs on a copy; the pace leaves that time out of the budget."""
-    from helpers import counting
+    from helpers import training
 
-    clock, real = _StepClock(2**-6), counting.count_step
+    clock, real = _StepClock(2**-6), training.count_step
 
     def slow_count(*args, **kwargs):
         clock.now += 100.0  # counting takes 100 s by the pace's clock
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(counting, "count_step", slow_count)
+    monkeypatch.setattr(training, "count_step", slow_count)  # the name fit calls
     history, _ = _pace_run(5.0, 2, clock=clock, monkeypatch=monkeypatch)
     assert clock.now > 100, "the count ran"
     assert len(history.epochs) == 2 and not history.epochs[-1].get("partial"), "100 s of counting spent no budget"
@@ -342,10 +342,10 @@ def test_time_spent_counting_flops_is_not_training_time(monkeypatch):
 def test_fit_records_model_flops_and_mfu_without_changing_the_training(monkeypatch):
     """The first step is counted on a copy (RNG kept): the epochs hold FLOPs per item (analytic: forward 2·in·out per
     Linear, backward twice that except the first layer's input gradient) and MFU against the cached peak."""
-    from helpers import ceilings
+    from helpers import training
 
     peaks = {"flops_per_s": {"float32": 1e11}, "device": "cpu", "hardware": "test"}
-    monkeypatch.setattr(ceilings, "measured_ceilings", lambda device, measure=True: peaks)
+    monkeypatch.setattr(training, "measured_ceilings", lambda device, measure=True: peaks)
 
     def run(count):
         torch.manual_seed(0)
