@@ -6,7 +6,6 @@ a rank printed (the cause), not torchrun's summary of it.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import queue
 import re
@@ -139,62 +138,6 @@ def _run(cmds: list, *, timeout: float, echo: bool, envs: list, prefixes: list) 
         raise RuntimeError(f"the distributed run failed (exit code {code}). {first}"
                            f"Last lines of the log:\n" + "\n".join(output[-15 if first else -40:]))
     return RunResult(code, output, time.perf_counter() - start)
-
-
-def _process_table() -> dict:
-    """``{pid: (parent pid, session id)}`` of every process, from ``/proc`` (Linux); empty where there is none."""
-    table = {}
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()  # the command name may hold spaces and ')'
-        except OSError:
-            continue
-        table[int(entry)] = (int(fields[1]), int(fields[3]))
-    return table
-
-
-def process_tree(pid: int) -> list:
-    """``pid``, every process it started (children of children too), and every process of its session (notebook 05)."""
-    table = _process_table()
-    session = table.get(pid, (None, None))[1]
-    found, todo = [], [pid]
-    found += [p for p, (_, sid) in table.items() if sid == session and p != pid and session is not None]
-    while todo:
-        parent = todo.pop()
-        if parent not in found:
-            found.append(parent)
-        todo += [p for p, (ppid, _) in table.items() if ppid == parent and p not in found]
-    return [p for p in found if p in table or p == pid]
-
-
-def kill_tree(pid: int) -> list:
-    """Stop ``pid`` and everything it started — a Jupyter kernel and the ``torchrun`` ranks it launched included
-    (``tools/run_course.py`` stops a notebook past its time limit with it; notebook 05 names it).
-
-    The tree is frozen first (SIGSTOP), looked up again for anything started meanwhile, then killed: a parent
-    killed first would leave its children to ``init``, out of reach. Without ``/proc`` (macOS) the process group
-    of ``pid`` is killed instead. Returns the pids signalled.
-    """
-    if not os.path.isdir("/proc"):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(os.getpgid(pid), signal.SIGKILL)
-        return [pid]
-    me, seen = os.getpid(), []
-    for _ in range(3):  # freeze, look again, until nothing new appears
-        new = [p for p in process_tree(pid) if p not in seen and p != me]
-        if not new:
-            break
-        for p in new:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(p, signal.SIGSTOP)
-        seen += new
-    for p in seen:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(p, signal.SIGKILL)
-    return seen
 
 
 _ERROR_LINE = re.compile(r"^(?:\[(?:node \d+|rank\d+)\][: ]*)*((?:\w+\.)*\w*(?:Error|Exception|Exit)\b:?.*"

@@ -318,7 +318,7 @@ def trace_peak_mb(trace, device_type: int = 0) -> float:
     return peak / 2**20
 
 
-def profiler_peak_mb(fn: Callable[[], object]) -> float:
+def _profiler_peak_mb(fn: Callable[[], object]) -> float:
     """Peak MB of CPU tensors allocated (and not yet freed) while ``fn()`` runs, from the profiler (notebook 09)."""
     import tempfile
 
@@ -354,7 +354,7 @@ def peak_mb(fn: Callable[[], object], device: str | torch.device, held=()) -> fl
         torch.mps.synchronize()
         grown = (torch.mps.driver_allocated_memory() - before) / 2**20
     else:
-        grown = profiler_peak_mb(fn)
+        grown = _profiler_peak_mb(fn)
     return tensor_mb(*held) + grown
 
 

@@ -194,7 +194,7 @@ def test_a_model_over_a_planted_memory_limit_is_reported_not_crashed():
 def test_a_bigger_batch_that_does_not_fit_is_reported_as_such(one_thread):
     import copy
 
-    from helpers.profiling import profiler_peak_mb
+    from helpers.profiling import peak_mb
     from helpers.step import train_step
 
     torch.manual_seed(0)
@@ -202,7 +202,7 @@ def test_a_bigger_batch_that_does_not_fit_is_reported_as_such(one_thread):
     data = TensorDataset(torch.randn(1024, 256), torch.randint(0, 4, (1024,)))
     work = copy.deepcopy(model)
     batch = (data.tensors[0], data.tensors[1])
-    one = profiler_peak_mb(lambda: train_step(work, torch.optim.SGD(work.parameters(), lr=0.01), batch, "cpu")())
+    one = peak_mb(lambda: train_step(work, torch.optim.SGD(work.parameters(), lr=0.01), batch, "cpu")(), "cpu")
     result = diagnose(model, DataLoader(data, batch_size=1024), device="cpu", budget_s=4,
                       memory_limit_mb=1.3 * one, levers=["batch"])
     assert result.bottleneck != "out of memory", result.reason  # batch 1024 fits ...

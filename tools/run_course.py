@@ -21,6 +21,7 @@ status per notebook) and report.md are always written.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -34,7 +35,6 @@ RUNNER = Path(__file__).resolve().parent / "run_notebook.py"
 FLOORS = Path(__file__).resolve().parent.parent / "data" / "budget_floors.json"
 
 from helpers.devices import describe, pick_device
-from helpers.launcher import kill_tree
 from helpers.results import atomic_write_text, load_results, results_dir
 
 # Weights of the time left after the floors (the part a notebook spends on its scalable work): the CIFAR lessons
@@ -285,6 +285,62 @@ def _runs_table(runs: dict) -> list[str]:
         note = " ".join(str(r.get(k, "")) for k in ("message", "cell") if r.get(k)).replace("|", "/")
         lines.append(f"| {name} | {r['status']} | {nums} | {note[:200]} |")
     return lines + [""]
+
+
+def _process_table() -> dict:
+    """``{pid: (parent pid, session id)}`` of every process, from ``/proc`` (Linux); empty where there is none."""
+    table = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()  # the command name may hold spaces and ')'
+        except OSError:
+            continue
+        table[int(entry)] = (int(fields[1]), int(fields[3]))
+    return table
+
+
+def process_tree(pid: int) -> list:
+    """``pid``, every process it started (children of children too), and every process of its session."""
+    table = _process_table()
+    session = table.get(pid, (None, None))[1]
+    found, todo = [], [pid]
+    found += [p for p, (_, sid) in table.items() if sid == session and p != pid and session is not None]
+    while todo:
+        parent = todo.pop()
+        if parent not in found:
+            found.append(parent)
+        todo += [p for p, (ppid, _) in table.items() if ppid == parent and p not in found]
+    return [p for p in found if p in table or p == pid]
+
+
+def kill_tree(pid: int) -> list:
+    """Stop ``pid`` and everything it started — a Jupyter kernel and the ``torchrun`` ranks it launched included
+    (a notebook past its time limit is stopped with it).
+
+    The tree is frozen first (SIGSTOP), looked up again for anything started meanwhile, then killed: a parent
+    killed first would leave its children to ``init``, out of reach. Without ``/proc`` (macOS) the process group
+    of ``pid`` is killed instead. Returns the pids signalled.
+    """
+    if not os.path.isdir("/proc"):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
+        return [pid]
+    me, seen = os.getpid(), []
+    for _ in range(3):  # freeze, look again, until nothing new appears
+        new = [p for p in process_tree(pid) if p not in seen and p != me]
+        if not new:
+            break
+        for p in new:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(p, signal.SIGSTOP)
+        seen += new
+    for p in seen:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(p, signal.SIGKILL)
+    return seen
 
 
 def write_report(results: str | Path | None = None, out: str | Path | None = None, *, runs: dict | None = None) -> Path:
