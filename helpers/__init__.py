@@ -12,8 +12,7 @@ import os
 LAYERS = (
     ("devices: pick, describe, synchronise, precision; text wrapping", ("devices", "text")),
     ("results files: save, load, where they go", ("results",)),
-    ("the training step: precision, scaler, batch to the device, the step; the names of what bounds it",
-     ("step",)),
+    ("the training step: precision, scaler, batch to the device, the step; what bounds it", ("step",)),
     ("synchronised clocks: time_fn, time_train_step", ("timing",)),
     ("data, models, schedules; counting a step (FLOPs, bytes, operators); timed copies and operations; "
      "what torch.compile buys",

@@ -56,7 +56,6 @@ CAVEAT = {"amp": "lower precision: check the accuracy (lesson 06)",
           "threads": "other programs hold some of the cores now: measure again when they stop"}
 SIDE = {"threads": "step", "workers": "input", "decoded": "input", "pinned": "input", "amp": "model",
         "channels_last": "model", "batch": "model", "compile": "model"}
-INPUT_SHARE = INPUT_BOUND_SHARE  # the real step spends this share or more outside the model: input-bound (09)
 OVERHEAD_GAIN = 4 / 3   # twice the batch gives this many times the items/s or more: a fixed cost is half the step
 FLOOR_EXPLAINS = 0.5    # the largest floor explains this share of the model's step: it names the verdict
 FLOOR_FAR = 0.1         # every floor below this share: the step is fixed costs the count does not see (overhead)
@@ -478,7 +477,7 @@ def classify(rates: dict, phase_ms: dict, floors: dict | None = None, batch: dic
 
     ``rates``: items/s of the real step, the model alone and the input alone. Input (or transfer, when copying
     takes longer than waiting): the input alone is slower than the model alone, or the real step spends
-    ``INPUT_SHARE`` or more of its time outside the model and the synchronised phases agree (data wait and copy
+    ``INPUT_BOUND_SHARE`` or more of its time outside the model and the synchronised phases agree (data wait and copy
     take at least half that share: a real step slowed by a busy machine is not an input-bound one). Otherwise the
     floor (``_floors``: overhead, compute, memory) that explains the largest share of the model's step, when it
     explains ``FLOOR_EXPLAINS`` of it; when none does, overhead if twice the batch gives ``OVERHEAD_GAIN``× the
@@ -492,14 +491,14 @@ def classify(rates: dict, phase_ms: dict, floors: dict | None = None, batch: dic
             f"{inp:,.0f}")
     wait, moved = phase_ms.get("data wait", 0.0), phase_ms.get("host to device", 0.0)
     waiting = (wait + moved) / (sum(phase_ms.values()) or 1)
-    if inp < model or (outside >= INPUT_SHARE and waiting >= INPUT_SHARE / 2):
+    if inp < model or (outside >= INPUT_BOUND_SHARE and waiting >= INPUT_BOUND_SHARE / 2):
         why = (f"{outside:.0%} of the real step is spent outside the model" +
-               (" and the input alone is the slower side" if inp < model else f" (≥ {INPUT_SHARE:.0%})") +
+               (" and the input alone is the slower side" if inp < model else f" (≥ {INPUT_BOUND_SHARE:.0%})") +
                f"; its synchronised phases wait for input {waiting:.0%} of the time")
         if moved > wait:
             return "transfer", f"{said}: {why}; copying takes longer than waiting ({moved:.1f} vs {wait:.1f} ms)"
         return "input", f"{said}: {why}"
-    if outside >= INPUT_SHARE:
+    if outside >= INPUT_BOUND_SHARE:
         said += (f" (the real step ran {outside:.0%} slower than the model alone, but its synchronised phases wait "
                  f"for input only {waiting:.0%} of the time: other work on the machine, or loader workers sharing "
                  "its cores, slowed it)")

@@ -174,9 +174,12 @@ def _relu_intensity(_) -> Answer:
 def _bound(ns) -> Answer:
     bound = verdict(ns["exercise_phases"], busy_ms=ns["exercise_busy_ms"]).bound
     limits = f"{INPUT_BOUND_SHARE:.0%} and {OVERHEAD_BOUND_BUSY:.0%}"
+    why = {"transfer": f"transfer needs an input share of {INPUT_BOUND_SHARE:.0%} or more and copying longer than "
+                       "waiting.", "memory": "memory needs the step's FLOP per byte below the ridge point, which this "
+                                             "exercise does not give."}
     return Answer(bound, "Input share: (data wait + copy) / the whole step; then the busy share of forward, backward "
-                  "and optimizer.", wrong=[(b, f"Not {b}: compute both shares and compare them with {limits}.")
-                                          for b in BOUNDS if b != bound])
+                  "and optimizer.", wrong=[(b, f"Not {b}: " + why.get(b, f"compute both shares and compare them with "
+                                                                        f"{limits}.")) for b in BOUNDS if b != bound])
 
 
 def _batch_16gib(ns) -> Answer:

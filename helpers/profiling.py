@@ -240,25 +240,28 @@ def verdict(phase_ms: dict, busy_ms: float | None = None, *, intensity: float | 
     step = sum(phase_ms.values())
     if step <= 0:
         raise ValueError("the phases add up to no time at all")
+    if (intensity is None) != (ridge is None):
+        raise ValueError("pass both the step's intensity and the ridge point, or neither")
     wait, moved = phase_ms.get("data wait", 0.0), phase_ms.get("host to device", 0.0)
     compute = sum(phase_ms.get(k, 0.0) for k in ("forward", "backward", "optimizer"))
     busy = busy_ms / compute if busy_ms is not None and compute > 0 else None
     if (wait + moved) / step >= INPUT_BOUND_SHARE:
         bound = "transfer" if moved > wait else "input"
-        why = (f"waiting for the batch ({wait:.3g} ms) and copying it ({moved:.3g} ms) take {(wait + moved) / step:.0%} "
-               "of the step")
+        why = (f"waiting for the batch ({wait:.3g} ms) and copying it ({moved:.3g} ms) take "
+               f"{(wait + moved) / step:.0%} of the step")
     elif busy is not None and busy < OVERHEAD_BOUND_BUSY:
         bound, why = "overhead", f"the device is busy for only {busy:.0%} of the forward, backward and optimizer time"
     else:
-        low = intensity is not None and ridge is not None and intensity < ridge
+        low = intensity is not None and intensity < ridge
         bound = "memory" if low else "compute"
+        unknown = [what for what, given in (("overhead", busy is not None), ("memory", intensity is not None))
+                   if not given]
         why = (f"forward, backward and optimizer take {compute / step:.0%} of the step"
                + (f"; the device is busy {busy:.0%} of it" if busy is not None else "")
-               + (f"; {intensity:.3g} FLOP per byte is {'below' if low else 'above'} the ridge point {ridge:.3g}"
-                  if intensity is not None and ridge is not None else
-                  "; memory is not ruled out (pass the step's intensity and the ridge point)"))
-    fix, lessons = BOUNDS[bound]
-    return Verdict(bound, why, f"{fix} ({lessons})")
+               + (f"; {intensity:.3g} FLOP per byte is {'below' if low else 'at or above'} the ridge point "
+                  f"{ridge:.3g}" if intensity is not None else "")
+               + (f"; {' and '.join(unknown)} not ruled out (pass busy_ms, intensity and ridge)" if unknown else ""))
+    return Verdict(bound, why, BOUNDS[bound][0])
 
 
 # ---------------------------------------------------------------- memory
@@ -297,10 +300,11 @@ def tensor_mb(*objects) -> float:
 def memory_source(device: str | torch.device) -> str:
     """What ``step_peak_mb`` measures on ``device``, for labels (notebook 09)."""
     kind = torch.device(device).type
-    return {"cuda": "model and optimizer tensors + peak of the step's allocations (torch.cuda.max_memory_allocated)",
-            "mps": "model and optimizer tensors + growth of the Metal driver's allocation (no peak counter)"}.get(
-        kind, "profiler memory view: model and optimizer tensors + peak of the tensors allocated during the step "
-              "(CPU, no CUDA counters)")
+    return {"cuda": "model, optimizer and batch tensors + peak of the step's allocations "
+                    "(torch.cuda.max_memory_allocated)",
+            "mps": "model, optimizer and batch tensors + growth of the Metal driver's allocation (no peak counter)"}.get(
+        kind, "profiler memory view: model, optimizer and batch tensors + peak of the tensors allocated during the "
+              "step (CPU, no CUDA counters)")
 
 
 def trace_peak_mb(trace, device_type: int = 0) -> float:
@@ -338,7 +342,7 @@ def peak_mb(fn: Callable[[], object], device: str | torch.device, held=()) -> fl
     Apple GPU, which has no peak counter: how much the Metal driver's allocation grows from an emptied cache (the
     blocks ``fn`` needed, which the cache then holds). On a CPU: the profiler's peak of what ``fn`` allocates.
     """
-    device = torch.device(device)
+    device, held_mb = torch.device(device), tensor_mb(*held)  # before fn: what it leaves (gradients) is its own
     if device.type == "cuda":
         synchronize(device)
         before = torch.cuda.memory_allocated(device)
@@ -355,7 +359,7 @@ def peak_mb(fn: Callable[[], object], device: str | torch.device, held=()) -> fl
         grown = (torch.mps.driver_allocated_memory() - before) / 2**20
     else:
         grown = _profiler_peak_mb(fn)
-    return tensor_mb(*held) + grown
+    return held_mb + grown
 
 
 def step_peak_mb(model: nn.Module, optimizer, batch_size: int, device: str | torch.device, *,

@@ -17,20 +17,20 @@ from torch import nn
 
 from .devices import half_precision, pick_device
 
-# What bounds a training step: the course's one set of names, each with its fix and the lessons that teach the fix.
+# What bounds a training step: the course's one set of names, each with its fix and the lessons that teach it.
 # Lesson 01 (section 5) defines compute, memory and overhead, lesson 03 transfer, lesson 04 input. Every module that
 # names a bound (profiling.verdict, diagnose.classify, predictions.predict_step, operations.regime) uses these words.
 BOUNDS = {
-    "compute": ("make the arithmetic cheaper: mixed precision and channels_last, torch.compile, a faster or a second "
-                "device", "lessons 06 and 08"),
-    "memory": ("move fewer bytes: fuse chains of elementwise operators (torch.compile), store activations in 16 bits "
-               "(mixed precision)", "lessons 06 and 08"),
+    "compute": ("make the arithmetic cheaper: mixed precision (lesson 06), torch.compile (lesson 08), a faster or a "
+                "second device (lesson 05)", "lessons 05, 06 and 08"),
+    "memory": ("move fewer bytes: fuse chains of elementwise operators (torch.compile, lesson 08), keep activations "
+               "in 16 bits (mixed precision, lesson 06)", "lessons 06 and 08"),
     "overhead": ("give the device bigger pieces of work: a larger batch, fewer and fused operators (torch.compile), "
-                 "CUDA graphs", "lesson 08"),
-    "input": ("feed the device faster: more DataLoader workers (num_workers), augmentation batched on the device, "
-              "decoded images cached", "lesson 04"),
+                 "CUDA graphs (lesson 08)", "lesson 08"),
+    "input": ("feed the device faster: more DataLoader workers, augmentation batched on the device (lesson 04), each "
+              "image decoded once and kept (lesson 10)", "lessons 04 and 10"),
     "transfer": ("copy less, or while the device computes: pinned memory with non_blocking copies, the data kept on "
-                 "the device", "lesson 03"),
+                 "the device (lesson 03)", "lesson 03"),
 }
 
 
