@@ -235,6 +235,28 @@ def mfu(flops_per_s: float, device="cpu", dtype: str = "float32", *, ceilings: d
     return found
 
 
+def ceiling_fractions(achieved_gflops: dict, ceiling_gflops: float, *, precision: str = "fp32") -> dict:
+    """Each achieved rate as a fraction of a measured ceiling of the *same* precision (notebook 02).
+
+    ``achieved_gflops`` maps a label to GFLOP/s, ``ceiling_gflops`` is the best rate measured for ``precision``.
+    A fraction above 1 is returned as it is: ``above_ceiling`` says why it can happen.
+    """
+    if ceiling_gflops <= 0:
+        raise ValueError(f"the {precision} ceiling must be a positive rate, not {ceiling_gflops}")
+    return {label: rate / ceiling_gflops for label, rate in achieved_gflops.items()}
+
+
+def above_ceiling(fractions: dict, *, precision: str = "fp32") -> list[str]:
+    """One line for each fraction of ``ceiling_fractions`` above 1, with its two likely causes (notebook 02): the
+    library chose an algorithm that does fewer operations than the direct count the rate divides (cuDNN's Winograd
+    or FFT convolutions: Lavin & Gray, 2016), or the two sides did not run in the same precision (a convolution left
+    in cuDNN's default TF32 against a true-fp32 matmul: ``helpers.devices.float32_precision``)."""
+    return [f"{label}: {f:.0%} of the {precision} matmul ceiling. Above 100 % means one of two things: the library "
+            "chose an algorithm that does fewer arithmetic operations than the direct count this rate divides "
+            "(Winograd or FFT convolutions in cuDNN), or the work and the ceiling ran in different precisions "
+            "(TF32 against true fp32)." for label, f in fractions.items() if f > 1]
+
+
 def ddp_mfu(run: dict, ceilings: dict) -> dict | None:
     """MFU of a ``helpers.distributed`` run's fastest epoch (its ``flops_per_s``, all ranks together): on GPUs per
     device, each rank having its own; on a CPU against the whole machine's peak, which every rank shares. The

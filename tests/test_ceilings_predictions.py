@@ -242,7 +242,6 @@ def test_measured_over_predicted_pairs_what_both_hold():
 def test_fp16_is_predicted_from_the_bf16_count_relabelled(monkeypatch):
     """A T4 runs autocast in fp16 (no bf16 peak in its datasheet): the step is counted once, in bf16, and its
     bf16 operators are predicted at the T4's fp16 peak; nothing is counted in fp16 on the CPU."""
-    from helpers import counting
 
     counted = []
 
@@ -334,7 +333,7 @@ def test_a_gpu_without_the_dtype_is_said_not_dropped(monkeypatch):
 def test_check_predictions_times_in_true_fp32(monkeypatch):
     """The fp32 peak a measurement is divided by is true fp32's: the timing runs with TF32 off for matmuls, cuDNN
     convolutions and cuDNN RNNs (on Ampere and newer, cuDNN would run TF32 by default), and the settings return."""
-    from helpers import devices, timing
+    from helpers import devices
 
     seen = []
 
@@ -350,3 +349,18 @@ def test_check_predictions_times_in_true_fp32(monkeypatch):
                                    ceilings=ceilings, gpus=("T4",))
     assert seen and all("tf32" not in s.values() for s in seen), seen  # "none": the parent's, true fp32
     assert devices.float32_settings() == before
+
+
+def test_a_fraction_above_the_ceiling_is_returned_and_explained_not_raised():
+    """Notebook 02's "fraction of the ceiling": a workload above its matmul ceiling can be real on a GPU (cuDNN's
+    Winograd or FFT convolutions do fewer operations than the direct count), so it is returned and flagged with both
+    likely causes, and the notebook goes on (issue 36)."""
+    fractions = ceilings.ceiling_fractions({"conv net": 30.0, "BiLSTM": 3.0}, 120.0)
+    assert fractions == {"conv net": 0.25, "BiLSTM": 0.025} and ceilings.above_ceiling(fractions) == []
+    beaten = ceilings.ceiling_fractions({"conv net": 150.0, "BiLSTM": 3.0}, 120.0)
+    assert beaten == {"conv net": 1.25, "BiLSTM": 0.025}
+    lines = ceilings.above_ceiling(beaten)
+    assert len(lines) == 1 and lines[0].startswith("conv net: 125% of the fp32 matmul ceiling")
+    assert "Winograd" in lines[0] and "TF32" in lines[0]
+    with pytest.raises(ValueError, match="positive"):
+        ceilings.ceiling_fractions({"conv net": 1.0}, 0.0)

@@ -102,18 +102,3 @@ def test_time_train_step_options_reach_the_step(monkeypatch):
     t = timing.time_train_step(model, batch, "cpu", batch_on_host=True, min_run_time=0.02)
     assert seen["dtype"] is None and seen["optimizer"] == "SGD"
     assert len(moves) > t.runs, "with batch_on_host every step moves its batch"
-
-
-def test_a_fraction_above_the_ceiling_is_returned_and_explained_not_raised():
-    """Notebook 02's "fraction of the ceiling": a workload above its matmul ceiling can be real on a GPU (cuDNN's
-    Winograd or FFT convolutions do fewer operations than the direct count), so it is returned and flagged with both
-    likely causes, and the notebook goes on (issue 36)."""
-    fractions = timing.ceiling_fractions({"conv net": 30.0, "BiLSTM": 3.0}, 120.0)
-    assert fractions == {"conv net": 0.25, "BiLSTM": 0.025} and timing.above_ceiling(fractions) == []
-    beaten = timing.ceiling_fractions({"conv net": 150.0, "BiLSTM": 3.0}, 120.0)
-    assert beaten == {"conv net": 1.25, "BiLSTM": 0.025}
-    lines = timing.above_ceiling(beaten)
-    assert len(lines) == 1 and lines[0].startswith("conv net: 125% of the fp32 matmul ceiling")
-    assert "Winograd" in lines[0] and "TF32" in lines[0]
-    with pytest.raises(ValueError, match="positive"):
-        timing.ceiling_fractions({"conv net": 1.0}, 0.0)
