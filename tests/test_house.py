@@ -5,6 +5,10 @@
 - Plot functions take ``ax`` so figures compose; every public helper names the lesson that teaches it.
 - Code shown in a notebook as a helper "in full" is generated from the helper (``show_source``), never pasted.
 - ``tools/`` and ``benchmarks/`` import the installed package: no ``sys.path`` edits.
+- Issue 37: ``helpers`` modules import only from floors below (``helpers.LAYERS``); the README's layout names every
+  module in that order and every tool; one set of words for what bounds a step (``helpers.step.BOUNDS``); module
+  docstrings open by naming their lessons; ``helpers/`` and ``tools/`` stay under their line ceilings.
+- Issue 38: at most 1,500 words of prose a lesson; each title gives the learner's time.
 """
 import ast
 import inspect
