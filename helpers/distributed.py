@@ -367,13 +367,14 @@ def train(args, me: Rank) -> None:
            f"autocast {str(autocast).replace('torch.', '') if autocast else 'off'}, float32 precision "
            f"{args.fp32_precision}"
            + (" — this CPU has no bf16 instructions, so --amp leaves fp32 on" if args.amp and not autocast else ""))
+    r.speeds["time_limit_s"] = 60 * args.budget_min if args.budget_min else None  # fit keeps within it (lesson 05)
     t_fit = time.perf_counter()
     history = fit(r.net, r.loader, epochs=args.epochs, optimizer=r.opt, device=me.device, val_loader=r.val_loader,
                   loss_fn=torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing), scheduler=r.sched,
                   scheduler_step=r.step_on, amp=args.amp, checkpoint=args.checkpoint,
                   resume=args.checkpoint is not None, save_checkpoints=me.rank == 0, progress=False,
                   callback=_step_hook(args, me, len(r.loader)),
-                  time_limit_s=60 * args.budget_min if args.budget_min else None)
+                  time_limit_s=r.speeds["time_limit_s"])
     r.speeds["train_wall_s"] = time.perf_counter() - t_fit  # steps + validation: what the budget covers
     # epochs trained: a fraction when --budget-min stopped training mid-epoch
     r.speeds["epochs"] = round(history.epochs[-1]["iteration"] / len(r.loader), 3) if history.epochs else 0

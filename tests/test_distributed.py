@@ -173,9 +173,10 @@ def test_budget_chooses_epochs_from_the_measured_speed(capsys):
     assert distributed._budget_epochs(args, me, {}, 50000) == args.epochs
 
 
-@pytest.mark.serial  # training must end within 1 s of its 6-s budget
 def test_budget_run_end_to_end(tmp_path):
-    """A budgeted run measures its speed, picks its epochs, trains them, and records both throughputs."""
+    """A budgeted run measures its speed, picks its epochs, trains them within the budget, and records both
+    throughputs. That fit stops at its time limit is checked on a controlled clock (test_training's pace tests); here,
+    that the run hands fit its budget as that limit: no assertion on where a wall clock lands."""
     import json
     import math
 
@@ -184,7 +185,7 @@ def test_budget_run_end_to_end(tmp_path):
                "--schedule", "piecewise", "--drop-period", "0", "--out", out], torchrun=False, echo=False, timeout=240)
     rec = json.loads(out.read_text())
     assert rec["epochs"] > 0 and len(rec["history"]["epochs"]) == math.ceil(rec["epochs"]) <= rec["planned_epochs"]
-    assert rec["train_wall_s"] <= 6 * 1.03 + 1, "training (validation included) ends at its 6-s budget"
+    assert rec["time_limit_s"] == pytest.approx(6.0) and rec["train_wall_s"] > 0, "fit gets the 6-s budget as its limit"
     assert rec["validation_s"] > 0, "the plan timed a validation pass"
     assert rec["input_images_per_s"] > 0 and rec["model_images_per_s"] > 0 and "input_bound" in rec
     epochs, done = rec["history"]["epochs"], [0] + [e["iteration"] for e in rec["history"]["epochs"]]

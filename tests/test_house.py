@@ -347,7 +347,9 @@ def test_the_bound_word_check_can_fail(tmp_path):
 # repeated inside functions (the layer test reads both), and BOUNDS is one table where three stood.
 # Then helpers/ to 7,562 and tools/ up to 2,504: launcher.kill_tree and process_tree, used by tools/run_course.py alone,
 # moved there (issue 37: tools-only code in tools/), and timing's CUDA-only peak gave way to profiling.step_peak_mb.
-SIZE_CEILINGS = {"helpers": 7_562, "tools": 2_504}
+# One line back (7,563): the DDP run records the time limit it hands fit, so its test no longer asserts where a wall
+# clock lands.
+SIZE_CEILINGS = {"helpers": 7_563, "tools": 2_504}
 
 
 def python_lines(folder: Path) -> int:
