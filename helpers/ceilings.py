@@ -1,12 +1,5 @@
 """What the hardware can do: measured and published ceilings, and MFU (taught in notebook 08; notebooks 01-06 and
-11 use them).
-
-- ``measured_ceilings`` measures this machine once (the best matmul FLOP/s per dtype over a few large sizes, the
-  memory bandwidth of a copy far larger than the caches, the cost of one tiny operator) with the measurements of
-  ``helpers.operations``, and caches the result per machine and torch version in the user's cache folder;
-- ``datasheet`` reads ``data/gpu_datasheet.json``: dense peak FLOP/s per dtype, memory bandwidth and host link of the
-  GPUs a learner may meet or rent, each number with its source; ``datasheet_ceilings`` turns an entry into ceilings;
-- ``mfu``: the model FLOPs a run achieved as a share of the dense peak of the dtype it ran in.
+11 use them): ``measured_ceilings`` on this machine, ``datasheet`` for the GPUs a learner may meet, ``mfu``.
 """
 from __future__ import annotations
 

@@ -1,24 +1,13 @@
 """The work of one training step, counted: FLOPs, bytes each operator moves, operators launched, bytes copied to the
 device (taught in notebook 08; ``helpers.predictions`` turns the counts into a predicted step time).
 
-``count_step`` runs one real training step (forward, loss, backward, optimizer: ``helpers.step.optimizer_step``,
-the step ``fit`` takes and ``helpers.timing.time_train_step`` times) under two dispatch modes:
-
-- PyTorch's ``torch.utils.flop_counter.FlopCounterMode`` counts the FLOPs of matrix products, convolutions and
-  attention, forward and backward (one multiply-add = 2 FLOPs). It has no formula for the fused recurrent kernels
-  (cuDNN's ``aten._cudnn_rnn``, oneDNN's ``aten.mkldnn_rnn_layer`` on a CPU) nor for the CPU flash-attention
-  kernel: for those this module registers an analytic count (``ANALYTIC_OPS``, ``rnn_flops``) and the result names
-  every operator counted that way. ``aten.lstm`` itself never reaches a dispatch mode (it is a composite that
-  becomes one of those kernels, or per-step matrix products that the counter already counts), and
-  ``aten._thnn_fused_lstm_cell`` does only the elementwise gate arithmetic: its matrix products are separate
-  ``mm``/``addmm`` calls, already counted. Elementwise arithmetic is not counted anywhere: FLOPs here are the
-  matrix-engine work that model FLOPs utilisation (MFU) divides by a peak.
-- A mode of our own sees every ATen operator as it is dispatched and adds up, per operator, the bytes of the tensors
-  it reads and writes (each input read once, each output written once: a destination that is only written, an
-  ``out=`` argument or the target of ``copy_``, counts once; an in-place update reads and writes), how many
-  operators run, and the bytes copied host→device. The byte count is what an *unfused* eager step moves: an upper
-  bound on what a fused program needs (``torch.compile`` keeps intermediates in registers, notebook 08), and a
-  lower bound for each operator as run (a kernel that re-reads its inputs, like a tiled convolution, moves more).
+FLOPs come from PyTorch's ``FlopCounterMode`` (matrix products, convolutions, attention; one multiply-add = 2
+FLOPs), plus analytic counts (``ANALYTIC_OPS``) for the kernels it has no formula for: cuDNN's ``_cudnn_rnn``,
+oneDNN's ``mkldnn_rnn_layer`` and the CPU flash-attention kernel. ``aten.lstm`` never reaches a dispatch mode (it
+becomes one of those kernels, or matrix products already counted), and ``_thnn_fused_lstm_cell`` does only the
+elementwise gate arithmetic. Elementwise arithmetic is not counted: FLOPs here are the matrix-engine work that MFU
+divides by a peak. Bytes are what an *unfused* eager step moves: an upper bound on what a fused program needs
+(notebook 08), a lower bound for a kernel that re-reads its inputs.
 
 Counting costs time (a Python call per operator): count once per run, outside any timed region.
 """
@@ -268,11 +257,9 @@ def count_step(model: nn.Module, batch, device: str | torch.device = "cpu", *, o
                foreach: bool = False) -> StepWork:
     """Count the FLOPs, bytes, operators and host→device bytes of one training step of ``model`` (notebook 08).
 
-    The step is ``helpers.step.optimizer_step`` on ``batch = (*inputs, target)``, copied from the host inside the
-    counted step (as ``fit`` does; ``host_inputs`` stay on the host), with the arguments of
-    ``helpers.timing.time_train_step`` so the same step can be counted and timed (both prepare it with
-    ``helpers.step.train_step``). It runs on a *copy* of model and optimizer, the optimizer's state cleared
-    (``optimizer``: an instance, a class, or None for ``SGD(lr=0.01)``), so the model you pass is not trained. ``warmup`` uncounted steps first create the optimizer's state.
+    The step is ``helpers.step.train_step``'s, with ``time_train_step``'s arguments, on ``batch = (*inputs,
+    target)`` copied from the host inside the counted step (as ``fit`` does). It runs on a *copy* of model and
+    optimizer, so the model you pass is not trained; ``warmup`` uncounted steps first create the optimizer's state.
     ``foreach=True`` counts the optimizer as it runs on a CUDA GPU: ``torch.optim`` picks its foreach kernels there
     (a few operators over all parameters) and a for-loop (operators per parameter) on a CPU; use it for a count made
     on a CPU that predicts a GPU (``helpers.predictions``).

@@ -3,22 +3,9 @@
     diagnose(model, loader, loss_fn, optimizer, device="auto", budget_s=60) -> Diagnosis
     python -m helpers.diagnose my_training.py [--device D] [--budget-s S] [--levers compile] [--json]
 
-It works on copies of the learner's model and optimizer (the originals, and the global random generators of torch,
-CUDA, Python and NumPy, are left as they were; a loader's own generator moves on as in any epoch). It measures:
-
-- the **real step** (the loader feeding the usual loop, no synchronisation inside it, many steps), the **model
-  alone** (one batch kept on the device) and the **input alone** (the loader and the copy, no model), in
-  interleaved rounds so that a busy machine slows all three alike; the step's phases, synchronised after each one,
-  attribute the time; the **overlap** is how much of input-alone + model-alone the real step hides;
-- the **floors**: the step's operators × this machine's measured cost per operator (overhead), its FLOPs against
-  the measured matmul peak (compute) and its bytes against the measured bandwidth (memory), from
-  ``helpers.counting.count_step`` and ``helpers.ceilings.measured_ceilings``; and the MFU;
-- each lever against its baseline in **paired, interleaved rounds** (A B, B A, ... on fresh copies, at least
-  ``MIN_PAIRS``): its speed-up is the median of the paired ratios, its interval their 10th-90th percentile, and it
-  is recommended only when the interval's lower end, as a speed-up of the whole step, is above ``WORTH``.
-
-The file given to the command line defines ``make_model()``, ``make_loader()``, ``make_optimizer(model)`` and
-optionally ``loss_fn`` and ``host_inputs`` (input positions kept on the CPU).
+It works on copies of the learner's model and optimizer, and leaves the global random generators as they were. It
+measures the real step, the model alone and the input alone (``_core``), the step's floors (``_floors``) and each
+lever against its baseline in paired, interleaved rounds (``compare``, ``recommend``).
 """
 from __future__ import annotations
 
@@ -42,7 +29,8 @@ from .compiling import require_compiler
 from .counting import count_step
 from .devices import loader_workers, pick_device, synchronize, usable_cpus
 from .predictions import predict_step
-from .profiling import INPUT_BOUND_SHARE, annotated_step, forever, free_memory, out_of_memory, peak_mb
+from .profiling import (FLOOR_EXPLAINS, INPUT_BOUND_SHARE, annotated_step, floor_bound, forever, free_memory,
+                        input_or_transfer, out_of_memory, peak_mb)
 from .step import BOUNDS, channels_last_batch, resolve_amp, split_batch, train_step
 from .training import rng_state, set_rng_state
 
@@ -57,8 +45,6 @@ CAVEAT = {"amp": "lower precision: check the accuracy (lesson 06)",
 SIDE = {"threads": "step", "workers": "input", "decoded": "input", "pinned": "input", "amp": "model",
         "channels_last": "model", "batch": "model", "compile": "model"}
 OVERHEAD_GAIN = 4 / 3   # twice the batch gives this many times the items/s or more: a fixed cost is half the step
-FLOOR_EXPLAINS = 0.5    # the largest floor explains this share of the model's step: it names the verdict
-FLOOR_FAR = 0.1         # every floor below this share: the step is fixed costs the count does not see (overhead)
 NOISY = 0.25            # steps varying more than this (± share): the report says the machine was busy
 WORTH = 1.05            # a lever is recommended when the lower end of its interval is above this
 MIN_PAIRS, MAX_PAIRS = 5, 15  # paired rounds per comparison: fewer than MIN_PAIRS is "not measured (budget)"
@@ -478,12 +464,10 @@ def classify(rates: dict, phase_ms: dict, floors: dict | None = None, batch: dic
     ``rates``: items/s of the real step, the model alone and the input alone. Input (or transfer, when copying
     takes longer than waiting): the input alone is slower than the model alone, or the real step spends
     ``INPUT_BOUND_SHARE`` or more of its time outside the model and the synchronised phases agree (data wait and copy
-    take at least half that share: a real step slowed by a busy machine is not an input-bound one). Otherwise the
-    floor (``_floors``: overhead, compute, memory) that explains the largest share of the model's step, when it
-    explains ``FLOOR_EXPLAINS`` of it; when none does, overhead if twice the batch gives ``OVERHEAD_GAIN``× the
-    items/s at the lower end of its interval (``batch``: the paired batch lever) or if every floor is under
-    ``FLOOR_FAR`` of the step (it is made of fixed costs the count does not see: work inside fused operators,
-    Python), else the closest floor. Batch scaling is otherwise corroboration only.
+    take at least half that share: a real step slowed by a busy machine is not an input-bound one). Otherwise
+    overhead when no floor (``_floors``) explains ``FLOOR_EXPLAINS`` of the model's step and twice the batch gives
+    ``OVERHEAD_GAIN``× the items/s at the lower end of its interval (``batch``: the paired batch lever); else
+    ``profiling.floor_bound``, the rule ``profiling.verdict`` uses too. Batch scaling is otherwise corroboration only.
     """
     real, model, inp = rates["real"], rates["model"], rates["input"]
     outside = max(0.0, 1 - real / model)
@@ -495,7 +479,7 @@ def classify(rates: dict, phase_ms: dict, floors: dict | None = None, batch: dic
         why = (f"{outside:.0%} of the real step is spent outside the model" +
                (" and the input alone is the slower side" if inp < model else f" (≥ {INPUT_BOUND_SHARE:.0%})") +
                f"; its synchronised phases wait for input {waiting:.0%} of the time")
-        if moved > wait:
+        if input_or_transfer(wait, moved) == "transfer":
             return "transfer", f"{said}: {why}; copying takes longer than waiting ({moved:.1f} vs {wait:.1f} ms)"
         return "input", f"{said}: {why}"
     if outside >= INPUT_BOUND_SHARE:
@@ -508,20 +492,15 @@ def classify(rates: dict, phase_ms: dict, floors: dict | None = None, batch: dic
             return "overhead", f"{said}; the floors were not counted{scaling}"
         return "compute", f"{said}; the floors were not counted, so overhead is not ruled out{scaling}"
     shares = floors["shares"]
-    top = max(shares, key=shares.get)
-    told = ", ".join(f"{k} {v:.0%}" for k, v in sorted(shares.items(), key=lambda kv: -kv[1]))
-    if shares[top] < FLOOR_EXPLAINS and batch and batch["low"] >= OVERHEAD_GAIN:
+    if max(shares.values()) < FLOOR_EXPLAINS and batch and batch["low"] >= OVERHEAD_GAIN:
+        told = ", ".join(f"{k} {v:.0%}" for k, v in sorted(shares.items(), key=lambda kv: -kv[1]))
         return "overhead", (f"{said}; no floor explains half of the model's step ({told}), and twice the batch gives "
                             f"{batch['low']:.2f}× the items/s or more: a fixed cost per step that the operator count "
                             "does not see (work inside fused operators, Python between them)" + scaling)
-    if shares[top] < FLOOR_FAR:
-        return "overhead", (f"{said}; the model's step takes {1 / shares[top]:.0f}× its largest floor ({told}): "
-                            "neither arithmetic nor memory traffic sets its pace, but fixed costs the operator count "
-                            "does not see (work inside fused operators, Python between them)" + scaling)
-    closest = "explains" if shares[top] >= FLOOR_EXPLAINS else "is the closest, at"
+    bound, why = floor_bound(shares, of="the model's step")
     extra = (f"; arithmetic intensity {floors['intensity']:.1f} FLOP/byte, below the ridge point "
-             f"{floors['ridge']:.0f}" if top == "memory" else "")
-    return top, f"{said}; of the model's step its {top} floor {closest} {shares[top]:.0%} ({told}){extra}{scaling}"
+             f"{floors['ridge']:.0f}" if bound == "memory" else "")
+    return bound, f"{said}; {why}{extra}{scaling}"
 
 
 def _scaling(batch: dict | None, floors: dict | None) -> str:

@@ -36,7 +36,7 @@ from .results import atomic_write_text
 from .schedules import make_scheduler
 from .step import resolve_amp
 from .timing import time_train_step
-from .training import evaluate, fit, flip_accuracy, seed_everything
+from .training import evaluate, fit, flip_accuracy, rank0_value, seed_everything
 
 REFERENCE_BATCH = 256   # --base-lr is the rate for this global batch; the linear scaling rule scales from it
 SUBSET_SEED = 1234      # --train-limit: the same random training subset on every rank and every run
@@ -78,8 +78,6 @@ def _parse(argv):
     ap.add_argument("--train-limit", type=int, default=0, help="train on a fixed random subset of N images (0: all)")
     ap.add_argument("--amp", action="store_true", help="torch.amp autocast (bf16 on CPU/recent GPUs, else fp16)")
     ap.add_argument("--channels-last", action="store_true")
-    ap.add_argument("--fp32-precision", choices=["ieee", "tf32"], default="ieee",
-                    help="float32 matmuls, cuDNN convolutions and RNNs: true fp32 (ieee) or TF32 on Ampere+ GPUs")
     ap.add_argument("--workers", type=int, default=0, help="DataLoader worker processes per rank (--loader dataloader)")
     ap.add_argument("--loader", choices=["device", "dataloader"], default="device",
                     help="device: images kept on the device, batches augmented there (DeviceLoader); dataloader: "
@@ -258,8 +256,6 @@ def _budget_epochs(args, me: Rank, speeds: dict, train_images: int, val_s: float
     rank gets the same number. Making the batches adds to the steps' time when the loop makes them itself (the
     device loader, or no workers); worker processes make them meanwhile, so then the slower of the two sets the
     pace. The plan sets the schedule's pace only when the loop is faster: fit's time limit stops it on time."""
-    import torch.distributed as dist
-
     if not args.budget_min:
         return args.epochs
     epochs = 0
@@ -271,11 +267,7 @@ def _budget_epochs(args, me: Rank, speeds: dict, train_images: int, val_s: float
         epochs = max(1, int(args.budget_min * 60 * BUDGET_SAFETY / per_epoch))
         me.log(f"time budget {args.budget_min:g} min: about {per_epoch:.1f} s per epoch ({val_s:.1f} s of it "
                f"validation) → {epochs} epochs planned; training stops at the budget whatever the plan")
-    if me.use_pg:
-        count = torch.tensor([epochs], device=me.device if me.backend == "nccl" else "cpu")
-        dist.broadcast(count, src=0)
-        epochs = int(count.item())
-    return epochs
+    return int(rank0_value(epochs))
 
 
 def _step_hook(args, me: Rank, steps_per_epoch: int):
@@ -364,8 +356,7 @@ def train(args, me: Rank) -> None:
     autocast = resolve_amp(args.amp, me.device)
     me.log(f"{how}, {len(r.loader.dataset)} training images from {r.train_set.source}, batch {args.batch_size} per "
            f"rank = {args.batch_size * me.world} global, lr {lr:.4g} ({args.schedule}), {len(r.loader)} steps per epoch, "
-           f"autocast {str(autocast).replace('torch.', '') if autocast else 'off'}, float32 precision "
-           f"{args.fp32_precision}"
+           f"autocast {str(autocast).replace('torch.', '') if autocast else 'off'}, float32 without TF32"
            + (" — this CPU has no bf16 instructions, so --amp leaves fp32 on" if args.amp and not autocast else ""))
     r.speeds["time_limit_s"] = 60 * args.budget_min if args.budget_min else None  # fit keeps within it (lesson 05)
     t_fit = time.perf_counter()
@@ -388,7 +379,7 @@ def main(argv=None) -> int:
     args = _parse(argv)
     me = _join(args)
     try:
-        with float32_precision(args.fp32_precision):  # "fp32" means fp32 unless TF32 is asked for (lesson 08)
+        with float32_precision("ieee"):  # "fp32" means fp32, not TF32 (lesson 08)
             train(args, me)
         if me.use_pg:
             dist.barrier()

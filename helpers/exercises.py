@@ -175,8 +175,8 @@ def _bound(ns) -> Answer:
     bound = verdict(ns["exercise_phases"], busy_ms=ns["exercise_busy_ms"]).bound
     limits = f"{INPUT_BOUND_SHARE:.0%} and {OVERHEAD_BOUND_BUSY:.0%}"
     why = {"transfer": f"transfer needs an input share of {INPUT_BOUND_SHARE:.0%} or more and copying longer than "
-                       "waiting.", "memory": "memory needs the step's FLOP per byte below the ridge point, which this "
-                                             "exercise does not give."}
+                       "waiting.", "memory": "memory needs the step's floors (lesson 08), which this exercise does not "
+                                             "give."}
     return Answer(bound, "Input share: (data wait + copy) / the whole step; then the busy share of forward, backward "
                   "and optimizer.", wrong=[(b, f"Not {b}: " + why.get(b, f"compute both shares and compare them with "
                                                                         f"{limits}.")) for b in BOUNDS if b != bound])

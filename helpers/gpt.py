@@ -111,7 +111,6 @@ class GPTConfig:
     d_model: int = 128
     n_layers: int = 4
     n_heads: int = 4
-    dropout: float = 0.0
     checkpoint: bool = False  # recompute each block's activations in the backward pass (memory for time)
 
 
@@ -151,7 +150,7 @@ class Block(nn.Module):
         self.ln1, self.attn = nn.LayerNorm(cfg.d_model), CausalSelfAttention(cfg)
         self.ln2 = nn.LayerNorm(cfg.d_model)
         self.mlp = nn.Sequential(nn.Linear(cfg.d_model, 4 * cfg.d_model), nn.GELU(),
-                                 nn.Linear(4 * cfg.d_model, cfg.d_model), nn.Dropout(cfg.dropout))
+                                 nn.Linear(4 * cfg.d_model, cfg.d_model))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
@@ -166,7 +165,6 @@ class GPT(nn.Module):
         self.cfg = cfg
         self.tok = nn.Embedding(cfg.vocab, cfg.d_model)
         self.pos = nn.Embedding(cfg.seq_len, cfg.d_model)
-        self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
@@ -174,7 +172,7 @@ class GPT(nn.Module):
         self.apply(_init)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.drop(self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device)))
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
         for block in self.blocks:
             x = checkpoint(block, x, use_reentrant=False) if self.cfg.checkpoint and self.training else block(x)
         return self.head(self.ln_f(x))
@@ -253,49 +251,45 @@ def memory_prediction(cfg: GPTConfig, batch_size: int, n_params: int, bytes_per_
 
 @torch.no_grad()
 def evaluate(model: GPT, tokens: torch.Tensor, *, batch_size: int = 32, batches: int = 10, device="cpu",
-             amp_dtype=None, seed: int = 0) -> float:
+             seed: int = 0) -> float:
     """Mean loss (nats per token) on ``batches`` random windows of ``tokens`` (fixed by ``seed``) (notebook 11)."""
     was, g = model.training, torch.Generator().manual_seed(seed)
     model.eval()
     total = 0.0
     for _ in range(batches):
         x, y = (t.to(device) for t in windows(tokens, batch_size, model.cfg.seq_len, g))
-        with torch.autocast(torch.device(device).type, dtype=amp_dtype, enabled=amp_dtype is not None):
-            total += lm_loss(model(x).float(), y).item()
+        total += lm_loss(model(x), y).item()
     model.train(was)
     return total / batches
 
 
 def train(model: GPT, train_tokens, val_tokens, *, steps: int, batch_size: int, lr: float = 3e-3, device="cpu",
-          amp_dtype=None, time_limit_s: float | None = None, eval_every: int = 100, accumulate: int = 1,
-          seed: int = 0, optimizer=None) -> dict:
+          time_limit_s: float | None = None, eval_every: int = 100) -> dict:
     """Train with AdamW and a cosine schedule (warm-up 5 %) for ``steps`` or until ``time_limit_s`` (notebook 11).
 
-    Each optimizer step sees ``batch_size × seq_len`` tokens, in ``accumulate`` micro-batches. The schedule follows
-    the clock when a time limit is set, so a stopped run still ends at a low rate. Returns the history: step,
-    seconds, train and validation loss, and ``tokens_per_s`` over the training time (evaluation excluded).
+    The schedule follows the clock when a time limit is set, so a stopped run still ends at a low rate. Returns the
+    history: step, seconds, train and validation loss, and ``tokens_per_s`` over the training time (evaluation
+    excluded).
     """
-    opt = optimizer or torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.1)
-    g, t0, spent, hist = torch.Generator().manual_seed(seed), time.perf_counter(), 0.0, []
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.1)
+    g, t0, spent, hist = torch.Generator().manual_seed(0), time.perf_counter(), 0.0, []
     model.to(device).train()
     for step in range(1, steps + 1):
         done = max(step / steps, spent / time_limit_s if time_limit_s else 0.0)
         for group in opt.param_groups:
             group["lr"] = lr * min(1.0, done / 0.05) * 0.5 * (1 + math.cos(math.pi * min(done, 1.0)))
         tick = time.perf_counter()
-        for _ in range(accumulate):
-            x, y = (t.to(device) for t in windows(train_tokens, batch_size // accumulate, model.cfg.seq_len, g))
-            with torch.autocast(torch.device(device).type, dtype=amp_dtype, enabled=amp_dtype is not None):
-                loss = lm_loss(model(x).float(), y) / accumulate
-            loss.backward()
+        x, y = (t.to(device) for t in windows(train_tokens, batch_size, model.cfg.seq_len, g))
+        loss = lm_loss(model(x), y)
+        loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         spent += time.perf_counter() - tick
         last = step == steps or (time_limit_s is not None and spent >= time_limit_s)
         if step % eval_every == 0 or last:
-            hist.append({"step": step, "seconds": spent, "train_loss": loss.item() * accumulate,
-                         "val_loss": evaluate(model, val_tokens, device=device, amp_dtype=amp_dtype)})
+            hist.append({"step": step, "seconds": spent, "train_loss": loss.item(),
+                         "val_loss": evaluate(model, val_tokens, device=device)})
         if last:
             break
     tokens = step * batch_size * model.cfg.seq_len
@@ -366,7 +360,6 @@ def time_attention(batch: int, heads: int, seq_len: int, head_dim: int, device="
         except RuntimeError as exc:
             found[name] = {"error": str(exc).splitlines()[0][:160], "dtype": str(dtype).removeprefix("torch.")}
     return found
-
 
 
 def step_cost(cfg: GPTConfig, batch_size: int, device="cpu", *, accumulate: int = 1, amp_dtype=None,

@@ -98,5 +98,5 @@ class LabelEncoder:
 
     @classmethod
     def from_state_dict(cls, state: dict) -> "LabelEncoder":
-        """Rebuild an encoder saved with ``state_dict`` (for example from ``checkpoint["extra"]``)."""
+        """Rebuild an encoder saved with ``state_dict`` (for example from a checkpoint)."""
         return cls(state["classes"])

@@ -53,15 +53,12 @@ def check_world_size(nproc: int, device: str) -> None:
                              "device='cpu' to run the workers as CPU processes (gloo)")
 
 
-def _torchrun(nproc: int, args: list, *, nnodes: int = 1, rdzv: str | None = None, max_restarts: int = 0,
-              module: str = ENTRY_POINT) -> list:
+def _torchrun(nproc: int, args: list, *, nnodes: int = 1, rdzv: str | None = None, module: str = ENTRY_POINT) -> list:
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}"]
     if nnodes == 1 and rdzv is None:
         cmd.append("--standalone")
     else:
         cmd += [f"--nnodes={nnodes}", "--rdzv_backend=c10d", f"--rdzv_endpoint={rdzv}", "--rdzv_id=course"]
-    if max_restarts:
-        cmd.append(f"--max-restarts={max_restarts}")
     return cmd + ["-m", module, *map(str, args)]
 
 
@@ -182,7 +179,7 @@ def gpu_slices(nnodes: int, nproc_per_node: int) -> list:
 
 
 def launch(nproc: int, args: list, *, device: str = "cpu", timeout: float = 900, echo: bool = True,
-           max_restarts: int = 0, torchrun: bool = True, module: str = ENTRY_POINT) -> RunResult:
+           torchrun: bool = True, module: str = ENTRY_POINT) -> RunResult:
     """Start ``torchrun --nproc_per_node=nproc -m helpers.distributed ARGS`` and stream its output (notebook 05).
 
     ``torchrun=False`` runs one plain process (``python -m helpers.distributed``, no DDP) as the baseline;
@@ -198,7 +195,7 @@ def launch(nproc: int, args: list, *, device: str = "cpu", timeout: float = 900,
             raise ValueError("a plain process (torchrun=False) is one process: pass nproc=1")
         cmd = [sys.executable, "-m", module, *args]
     else:
-        cmd = _torchrun(nproc, args, max_restarts=max_restarts, module=module)
+        cmd = _torchrun(nproc, args, module=module)
     return _run([cmd], timeout=timeout, echo=echo, envs=[_env(nproc)], prefixes=[""])
 
 

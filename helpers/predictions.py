@@ -1,11 +1,6 @@
 """The step time the ceilings imply, predicted before it is measured (taught in notebook 08; the predicted GPU
-numbers of notebooks 01-06 are built with it).
-
-- ``predict_step`` is a per-operator roofline: it turns the counts of ``helpers.counting.count_step`` and a set of
-  ceilings (``helpers.ceilings``) into a predicted step time and names the regime that binds. Nothing here is
-  fitted to a measurement;
-- ``predict_gpus`` and the ``predicted_*`` functions do it for the datasheet GPUs a lesson shows, each figure
-  labelled ``PREDICTED``; ``check_predictions`` compares predictions with measurements on this machine.
+numbers of notebooks 01-06 are built with it): ``predict_step``, per datasheet GPU ``predict_gpus`` and the
+``predicted_*`` functions, and ``check_predictions`` against this machine's measurements.
 """
 from __future__ import annotations
 

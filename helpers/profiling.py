@@ -1,15 +1,7 @@
 """Where a training step's time and memory go: profiler traces, step phases, peak memory (taught in notebook 09).
 
-- ``profile_training`` runs real training steps from a ``DataLoader`` under ``torch.profiler``, each phase (data
-  wait, host→device copy, forward, backward, optimizer) wrapped in ``record_function`` and ended by a device
-  synchronisation, and exports a Chrome/Perfetto trace;
-- ``step_phases`` reads the phases back *from the trace file*, ``verdict`` names the bound (input, overhead or
-  compute) and the fix it calls for;
-- ``peak_mb`` is the course's one measure of memory (CUDA memory statistics, the Metal driver's growth on an
-  Apple GPU, the profiler's memory events on a CPU), ``step_peak_mb`` that of one training step;
-  ``find_max_batch`` the largest batch that fits, found by a search that recovers from
-  ``torch.OutOfMemoryError`` (a real one on CUDA, or one raised by a *planted* limit: ``planted_limit``);
-- ``Checkpointed`` and ``checkpointing_tradeoff``: activation checkpointing's memory-for-time trade, measured.
+``profile_training`` and ``step_phases`` time a step's phases from a trace; ``verdict`` names what bounds it;
+``peak_mb`` is the course's one measure of memory; ``find_max_batch`` and ``Checkpointed`` fit a batch into it.
 """
 from __future__ import annotations
 
@@ -35,7 +27,9 @@ from .timing import time_train_step
 PHASES = ("data wait", "host to device", "forward", "backward", "optimizer")
 PHASE_PREFIX = "phase/"       # record_function names: "phase/forward", ...
 INPUT_BOUND_SHARE = 0.2       # input phases (data wait + copy) at least this share of the step: input-bound
-OVERHEAD_BOUND_BUSY = 0.5       # device busy less than this share of the compute phases: overhead-bound
+OVERHEAD_BOUND_BUSY = 0.5     # device busy less than this share of the compute phases: overhead-bound
+FLOOR_EXPLAINS = 0.5          # the largest floor "explains" the step from this share on, else "is the closest"
+FLOOR_FAR = 0.1               # every floor below this share of the step: overhead the operator count does not see
 GPU_KERNEL_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
@@ -227,40 +221,54 @@ class Verdict:
     fix: str
 
 
-def verdict(phase_ms: dict, busy_ms: float | None = None, *, intensity: float | None = None,
-            ridge: float | None = None) -> Verdict:
-    """Name the bound of a step from its phases (ms), the device's busy time and, when given, the step's arithmetic
-    intensity (FLOP per byte) against the ridge point (notebook 09).
+def input_or_transfer(wait_ms: float, copy_ms: float) -> str:
+    """An input-bound step is transfer-bound when copying takes longer than waiting (notebooks 09 and 10)."""
+    return "transfer" if copy_ms > wait_ms else "input"
 
-    Input or transfer: data wait + host→device copy take at least ``INPUT_BOUND_SHARE`` of the step; transfer when
-    copying takes longer than waiting (``helpers.diagnose.classify``'s rule). Otherwise overhead: the device is busy
-    for less than ``OVERHEAD_BOUND_BUSY`` of the compute phases (it waits for the host to issue work). Otherwise
-    memory when the intensity is below the ridge point, else compute.
+
+def floor_bound(shares: dict, of: str = "the step") -> tuple[str, str]:
+    """The bound a step's floors name, and why (notebooks 09 and 10): ``shares`` of the measured time (``of``) that
+    each of ``predictions.predict_step``'s floors takes. The largest names it, unless all are under ``FLOOR_FAR``:
+    then overhead, costs the operator count does not see (work inside fused operators, Python between them)."""
+    top = max(shares, key=shares.get)
+    told = ", ".join(f"{k} {v:.0%}" for k, v in sorted(shares.items(), key=lambda kv: -kv[1]))
+    if shares[top] < FLOOR_FAR:
+        return "overhead", (f"the largest floor is only {shares[top]:.0%} of {of} ({told}): fixed costs the "
+                            "operator count does not see (work inside fused operators, Python between them)")
+    how = "explains" if shares[top] >= FLOOR_EXPLAINS else "is the closest, at"
+    return top, f"the {top} floor {how} {shares[top]:.0%} of {of} ({told})"
+
+
+def verdict(phase_ms: dict, busy_ms: float | None = None, *, floors_ms: dict | None = None) -> Verdict:
+    """Name the bound of a step from its phases (ms), the device's busy time and its floors (notebook 09).
+
+    Input or transfer: data wait + host→device copy take ``INPUT_BOUND_SHARE`` of the step or more. Otherwise
+    overhead: the device is busy less than ``OVERHEAD_BOUND_BUSY`` of the compute phases (a CPU counts dispatching as
+    busy). Otherwise ``floor_bound`` of ``floors_ms`` (``predict_step``'s overhead, compute and memory, in ms) against
+    the compute phases, as ``helpers.diagnose.classify`` does; without floors, compute, others not ruled out.
     """
     step = sum(phase_ms.values())
     if step <= 0:
         raise ValueError("the phases add up to no time at all")
-    if (intensity is None) != (ridge is None):
-        raise ValueError("pass both the step's intensity and the ridge point, or neither")
     wait, moved = phase_ms.get("data wait", 0.0), phase_ms.get("host to device", 0.0)
     compute = sum(phase_ms.get(k, 0.0) for k in ("forward", "backward", "optimizer"))
     busy = busy_ms / compute if busy_ms is not None and compute > 0 else None
     if (wait + moved) / step >= INPUT_BOUND_SHARE:
-        bound = "transfer" if moved > wait else "input"
+        bound = input_or_transfer(wait, moved)
         why = (f"waiting for the batch ({wait:.3g} ms) and copying it ({moved:.3g} ms) take "
                f"{(wait + moved) / step:.0%} of the step")
     elif busy is not None and busy < OVERHEAD_BOUND_BUSY:
         bound, why = "overhead", f"the device is busy for only {busy:.0%} of the forward, backward and optimizer time"
     else:
-        low = intensity is not None and intensity < ridge
-        bound = "memory" if low else "compute"
-        unknown = [what for what, given in (("overhead", busy is not None), ("memory", intensity is not None))
-                   if not given]
-        why = (f"forward, backward and optimizer take {compute / step:.0%} of the step"
-               + (f"; the device is busy {busy:.0%} of it" if busy is not None else "")
-               + (f"; {intensity:.3g} FLOP per byte is {'below' if low else 'at or above'} the ridge point "
-                  f"{ridge:.3g}" if intensity is not None else "")
-               + (f"; {' and '.join(unknown)} not ruled out (pass busy_ms, intensity and ridge)" if unknown else ""))
+        said = f"forward, backward and optimizer take {compute / step:.0%} of the step" + (
+            f"; the device is busy {busy:.0%} of it" if busy is not None else "")
+        if floors_ms and compute > 0:
+            bound, why = floor_bound({k: floors_ms[k] / compute for k in ("overhead", "compute", "memory")},
+                                     of="them")
+            why = f"{said}; {why}"
+        else:
+            unknown = " and ".join(["overhead"] * (busy is None) + ["memory"])
+            bound, why = "compute", f"{said}; {unknown} not ruled out (pass busy_ms and floors_ms)"
     return Verdict(bound, why, BOUNDS[bound][0])
 
 

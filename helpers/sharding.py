@@ -1,12 +1,5 @@
 """Memory per rank of DDP against FSDP2's ``fully_shard``: the per-rank program and its launcher (notebooks 09, 11).
 
-Each rank trains the same model (notebook 09's multi-layer perceptron, or with ``--model gpt`` notebook 11's GPT,
-``helpers.gpt``) twice on its own slice of data, first replicated with
-``DistributedDataParallel`` (every rank holds all parameters, gradients and optimizer state), then sharded with
-``torch.distributed.fsdp.fully_shard`` (each rank holds 1/world of them and all-gathers a layer's parameters only
-while it computes that layer). It records, per rank, the megabytes held between steps and the peak during a step,
-the median time of a step, and rank 0 writes them with both runs' losses to a JSON file::
-
     torchrun --standalone --nproc_per_node=2 -m helpers.sharding --device cpu --out build/sharding.json
     torchrun --standalone --nproc_per_node=2 -m helpers.sharding --model gpt --width 128 --layers 4 --out g.json
 

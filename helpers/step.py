@@ -37,9 +37,9 @@ BOUNDS = {
 def resolve_amp(amp, device: torch.device) -> torch.dtype | None:
     """Map ``False | True | "auto" | "bf16" | "fp16"`` to the autocast dtype for ``device`` (notebook 06).
 
-    ``True``/``"auto"`` pick what the hardware runs natively (``helpers.devices.half_precision``: bf16 on NVIDIA
-    GPUs of compute capability >= 8.0, else fp16; fp16 on Apple GPUs; bf16 on CPUs with bf16 instructions and *no*
-    autocast on other CPUs, where emulated bf16 is slower than fp32). ``"bf16"``/``"fp16"`` are taken as asked.
+    ``True``/``"auto"`` pick what the hardware runs natively (``helpers.devices.half_precision``), and *no*
+    autocast on CPUs without bf16 instructions, where emulated bf16 is slower than fp32. ``"bf16"``/``"fp16"`` are
+    taken as asked.
     """
     if amp is None or amp is False:
         return None
@@ -126,11 +126,10 @@ def train_step(model: nn.Module, optimizer, batch, device="auto", *, loss_fn=Non
     """The one way the course prepares a training step: ``model`` and ``batch`` on ``device``, the optimizer, the
     precision and its loss scaler; returns a ``PreparedStep`` whose call is one full step (notebooks 02, 03).
 
-    Timing (``helpers.timing.time_train_step``), counting (``helpers.counting.count_step``), diagnosing and
-    compiling a step all call it, so the step measured is the step trained. ``optimizer``: an instance, a class or
-    factory called with the parameters, or None for ``SGD(lr=0.01)``. ``copy=True`` steps a deep copy of model and
-    optimizer (state cleared, settings kept), leaving yours untrained. ``channels_last`` converts model and images;
-    ``pinned`` pins the host batch (notebook 03).
+    Timing, counting, diagnosing and compiling a step all call it (module docstring). ``optimizer``: an instance, a
+    class or factory called with the parameters, or None for ``SGD(lr=0.01)``. ``copy=True`` steps a deep copy of
+    model and optimizer (state cleared, settings kept), leaving yours untrained. ``channels_last`` converts model
+    and images; ``pinned`` pins the host batch (notebook 03).
     """
     device, original = pick_device(device), optimizer
     if copy:  # the copied optimizer holds the copied parameters; its state is not copied (Adam's is 2x the model)

@@ -115,11 +115,10 @@ def time_train_step(model: nn.Module, batch, device: str | torch.device = "auto"
                     pinned: bool = False, warmup: int = 2, min_run_time: float = 0.2, label: str = "") -> Timing:
     """Time one full training step (forward, loss, backward, optimizer) of ``model`` on a fixed ``batch``.
 
-    The step is ``helpers.step.optimizer_step``, the one ``fit`` takes. By default the batch is moved to
-    ``device`` once, so only compute is timed; ``batch_on_host=True`` copies it every step (from pinned memory
-    with ``non_blocking`` if ``pinned``), to time the transfer too (notebook 03). ``optimizer`` defaults to
-    ``SGD(lr=0.01)``; ``channels_last`` converts model and images. The result's ``items_per_s`` is samples/s
-    (notebooks 01-06); ``helpers.profiling.step_peak_mb`` measures the same step's memory.
+    The step is ``helpers.step.train_step``'s. By default the batch is moved to ``device`` once, so only compute
+    is timed; ``batch_on_host=True`` copies it every step (from pinned memory with ``non_blocking`` if ``pinned``),
+    to time the transfer too (notebook 03). ``optimizer`` defaults to ``SGD(lr=0.01)``. The result's
+    ``items_per_s`` is samples/s (notebooks 01-06); ``helpers.profiling.step_peak_mb`` measures its memory.
     """
     prepared = train_step(model, optimizer, batch, device, loss_fn=loss_fn, amp=amp, host_inputs=host_inputs,
                           channels_last=channels_last, pinned=pinned)

@@ -259,7 +259,7 @@ class TimePace:
 
     def after_step(self, steps_done: int) -> bool:
         """Advance the schedule to this step's progress; True when training must stop."""
-        progress = _rank0_value(max((self.clock() - self.t0) / self.limit_s, steps_done / self.planned_steps))
+        progress = rank0_value(max((self.clock() - self.t0) / self.limit_s, steps_done / self.planned_steps))
         if self.scheduler is not None:
             target = min(int(progress * self.units), self.units - 1)
             while self.scheduler.last_epoch < target:
@@ -267,8 +267,8 @@ class TimePace:
         return progress >= 1.0
 
 
-def _rank0_value(value: float) -> float:
-    """``value`` as rank 0 has it (under a multi-process group), else unchanged."""
+def rank0_value(value: float) -> float:
+    """``value`` as rank 0 has it (under a multi-process group), else unchanged (notebook 05)."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
@@ -296,7 +296,6 @@ class _Loop:
     val_every: int | None = None
     checkpoint: Path | None = None   # where to write checkpoints (None: never write)
     checkpoint_every: int | None = None
-    extra: dict | None = None
     callback: Callable | None = None
     bar: object = None
     history: History = field(default_factory=History)
@@ -317,7 +316,7 @@ class _Loop:
                 "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
                 "scaler": self.scaler.state_dict(), "epoch": epoch, "batch_in_epoch": batch_in_epoch,
                 "iteration": self.iteration, "history": self.history.state_dict(), "partial": dict(totals),
-                "rng": rng_state(), "epoch_rng": epoch_rng, "extra": self.extra or {}}
+                "rng": rng_state(), "epoch_rng": epoch_rng}
 
     def restore(self, path: Path) -> tuple[int, int, dict, tuple]:
         """Load a ``snapshot``; return (epoch, batches done in it, the epoch's totals so far, RNG states)."""
@@ -465,9 +464,8 @@ def fit(model: nn.Module, train_loader, *, epochs: int, optimizer: torch.optim.O
         loss_fn: Callable | None = None, val_loader=None, val_every: int | None = None, scheduler=None,
         scheduler_step: str = "epoch", amp=False, grad_clip: float | None = None, host_inputs=(),
         checkpoint: str | Path | None = None, checkpoint_every: int | None = None, resume: bool = False,
-        extra: dict | None = None, save_checkpoints: bool = True, progress: bool = True,
-        callback: Callable[[dict], None] | None = None, time_limit_s: float | None = None,
-        count_flops: bool = True) -> History:
+        save_checkpoints: bool = True, progress: bool = True, callback: Callable[[dict], None] | None = None,
+        time_limit_s: float | None = None, count_flops: bool = True) -> History:
     """Train ``model`` for ``epochs`` and return its ``History`` (MATLAB ``trainnet``; notebooks 00 and 01).
 
     - ``device``: ``"auto" | "cpu" | "cuda[:N]" | "mps"``; model and batches are moved there.
@@ -478,7 +476,6 @@ def fit(model: nn.Module, train_loader, *, epochs: int, optimizer: torch.optim.O
     - ``checkpoint``: file written atomically every ``checkpoint_every`` iterations and at each epoch's end;
       with ``resume=True`` an existing one is loaded and training continues exactly where it stopped
       (bit-identical on the CPU with ``num_workers=0`` and the global RNG seeded).
-    - ``extra``: plain data stored in the checkpoint beside the weights (e.g. the label encoder's classes).
     - ``save_checkpoints=False`` reads ``checkpoint`` to resume but never writes it (DDP ranks other than 0).
     - ``time_limit_s``: a time budget (``TimePace``): ``epochs`` is the plan, the schedule follows the clock.
     - ``count_flops``: count the first step's FLOPs (not training time) so each epoch records ``flops_per_s`` and,
@@ -489,8 +486,8 @@ def fit(model: nn.Module, train_loader, *, epochs: int, optimizer: torch.optim.O
     device = pick_device(device)
     loop = _Loop(model.to(device), optimizer, loss_fn or nn.CrossEntropyLoss(), device, amp, scheduler,
                  scheduler_step, grad_clip, tuple(host_inputs), val_loader, val_every,
-                 Path(checkpoint) if checkpoint is not None and save_checkpoints else None, checkpoint_every, extra,
-                 callback, count_flops=count_flops)
+                 Path(checkpoint) if checkpoint is not None and save_checkpoints else None, checkpoint_every, callback,
+                 count_flops=count_flops)
     start, skip, totals, resume_rng = _open_checkpoint(loop, checkpoint, resume, save_checkpoints)
     per_epoch = len(train_loader)
     loop.bar = tqdm(total=epochs * per_epoch, initial=start * per_epoch + skip, desc="training", unit="it") \

@@ -200,30 +200,38 @@ def test_profile_training_without_the_profiler_still_times_the_phases():
     assert all(set(s) == set(profiling.PHASES) for s in run.clock_ms)
 
 
-@pytest.mark.parametrize("phases, busy, intensity, bound", [
+BUSY_STEP = {"data wait": 1, "host to device": 2, "forward": 30, "backward": 60, "optimizer": 8}  # 98 ms computing
+
+
+@pytest.mark.parametrize("phases, busy, floors, bound", [
     ({"data wait": 30, "host to device": 2, "forward": 20, "backward": 40, "optimizer": 5}, 60, None, "input"),
     ({"data wait": 18, "host to device": 2, "forward": 20, "backward": 50, "optimizer": 10}, 80, None, "input"),  # 20 %
     ({"data wait": 2, "host to device": 30, "forward": 20, "backward": 40, "optimizer": 5}, 60, None, "transfer"),
     ({"data wait": 1, "host to device": 0.5, "forward": 6, "backward": 10, "optimizer": 4}, 5, None, "overhead"),
     ({"data wait": 1, "host to device": 0.5, "forward": 6, "backward": 10, "optimizer": 4}, None, None, "compute"),
-    ({"data wait": 1, "host to device": 2, "forward": 30, "backward": 60, "optimizer": 8}, 95, None, "compute"),
-    ({"data wait": 1, "host to device": 2, "forward": 30, "backward": 60, "optimizer": 8}, 95, 12.0, "compute"),
-    ({"data wait": 1, "host to device": 2, "forward": 30, "backward": 60, "optimizer": 8}, 95, 2.0, "memory"),
-    ({"data wait": 1, "host to device": 0, "forward": 30, "backward": 60, "optimizer": 9}, 49.4, 2.0, "overhead"),
+    ({"data wait": 1, "host to device": 0, "forward": 30, "backward": 60, "optimizer": 9}, 49.4, None, "overhead"),
+    (BUSY_STEP, 95, None, "compute"),
+    (BUSY_STEP, 95, {"overhead": 5, "compute": 70, "memory": 15}, "compute"),
+    (BUSY_STEP, 95, {"overhead": 5, "compute": 10, "memory": 70}, "memory"),
+    (BUSY_STEP, 95, {"overhead": 5, "compute": 20, "memory": 30}, "memory"),  # the closest floor, under half
+    # a CPU counts dispatching as busy: the operator floor finds the overhead the busy share cannot
+    (BUSY_STEP, 95, {"overhead": 60, "compute": 8, "memory": 10}, "overhead"),
+    (BUSY_STEP, 95, {"overhead": 2, "compute": 9, "memory": 3}, "overhead"),  # every floor under 10 %: fixed costs
 ])
-def test_verdict_names_each_of_the_five_bounds(phases, busy, intensity, bound):
-    v = profiling.verdict(phases, busy_ms=busy, intensity=intensity, ridge=None if intensity is None else 10.0)
+def test_verdict_names_each_of_the_five_bounds(phases, busy, floors, bound):
+    v = profiling.verdict(phases, busy_ms=busy, floors_ms=floors)
     assert v.bound == bound and v.fix == BOUNDS[bound][0] and v.reason
-    unsure = "memory not ruled out" in v.reason or "memory and" in v.reason
-    assert unsure == (bound == "compute" and intensity is None)
+    assert ("memory not ruled out" in v.reason) == (bound == "compute" and floors is None)
 
 
-def test_verdict_wants_both_the_intensity_and_the_ridge_or_neither():
-    step = {"data wait": 1, "host to device": 0, "forward": 30, "backward": 60, "optimizer": 9}
-    for kw in ({"intensity": 2.0}, {"ridge": 10.0}):
-        with pytest.raises(ValueError, match="both"):
-            profiling.verdict(step, busy_ms=90, **kw)
-    assert "overhead and memory not ruled out" in profiling.verdict(step).reason
+def test_verdict_and_classify_share_the_floor_rule():
+    floors = {"overhead": 2, "compute": 9, "memory": 3}
+    shares = {k: v / 98 for k, v in floors.items()}
+    assert profiling.floor_bound(shares, of="them")[1] in profiling.verdict(
+        BUSY_STEP, busy_ms=95, floors_ms=floors).reason
+    assert profiling.floor_bound({"overhead": 0.3, "compute": 0.55, "memory": 0.1}) == (
+        "compute", "the compute floor explains 55% of the step (compute 55%, overhead 30%, memory 10%)")
+    assert "overhead and memory not ruled out" in profiling.verdict(BUSY_STEP).reason
 
 
 def test_verdict_refuses_an_empty_step():
