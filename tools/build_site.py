@@ -1,8 +1,5 @@
 """Build the executed course as a static website into build/site/ (`make site`).
 
-    python tools/build_site.py [--notebooks build/notebooks] [--results build/results] [--out build/site]
-                               [--quick] [--no-run]
-
 Executed notebooks come from `make run` (build/notebooks/): a notebook whose executed copy is missing or made from
 other cells than its source has now is run first with tools/run_course.py (full mode; --quick for quick mode), unless --no-run.
 Each lesson page opens with a line naming the hardware, torch version, mode and date its outputs came from

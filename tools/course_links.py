@@ -1,20 +1,15 @@
 """The course's address, written once (pyproject.toml's [project.urls] Source), and what is made from it: each lesson's
 first code cell (it installs the course where it is missing: Colab, Kaggle, any folder), the "Open in Colab" and
-"Open in Kaggle" links of each lesson's title cell, and those of the README's course map (tools/course_times.py).
-
-    python tools/course_links.py --write   # rewrite the lessons' first cells and links from pyproject.toml
-    python tools/course_links.py           # check: exit 1 and name the lessons that disagree
+"Open in Kaggle" links of each lesson's title cell, and those of the README's course map. tools/course_times.py
+--write writes them into the lessons and the README, and its --check fails when they disagree.
 """
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = ROOT / "notebooks"
 BRANCH = "main"
 CELL_ID = "anywhere"  # the first code cell's id
 LINKS = "**Open on a free GPU:** "  # how the title cell's line of links starts
@@ -81,33 +76,3 @@ def made(nb: dict, stem: str) -> dict:
     else:
         cells.insert(first, cell)
     return nb
-
-
-def stale(write: bool = False) -> list:
-    """The lessons whose first cell or links are not what the address makes; ``write`` rewrites them."""
-    found = []
-    for path in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")):
-        nb = json.loads(path.read_text(encoding="utf-8"))
-        want = made(nb, path.stem)
-        if want != nb:
-            found.append(path.name)
-            if write:
-                path.write_text(json.dumps(want, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    return found
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--write", action="store_true", help="rewrite the lessons that disagree")
-    args = ap.parse_args(argv)
-    found = stale(write=args.write)
-    if found and not args.write:
-        print(f"course links: {', '.join(found)} disagree with pyproject.toml's Source; run "
-              "python tools/course_links.py --write", file=sys.stderr)
-        return 1
-    print(f"course links: {len(found)} lesson(s) rewritten" if args.write else "course links: every lesson agrees")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,10 +1,5 @@
 """Measured notebook times → README's course map and docs/instructors.md (one source: data/course_times.json).
 
-    python tools/course_times.py --record build/times.json   # add a run's measured times (make run writes it)
-    python tools/course_times.py --write                     # regenerate the README table and the instructor kit
-    python tools/course_times.py --check                     # report stale times; exit 1 if README or the kit
-                                                             # disagrees with the data (--strict: also if stale)
-
 Every time carries what it measured: the notebook's content hash (sha256 of its cells' types and sources only, so
 outputs, execution counts and metadata do not count), the machine, the mode (full or quick), whether it ran on a GPU,
 and the date. A time whose hash is not the notebook's hash today (or was never kept) is stale: the map and the
@@ -24,7 +19,7 @@ import sys
 import tokenize
 from pathlib import Path
 
-from course_links import open_links  # (tools/ is the script's folder: first on sys.path)
+from course_links import made, open_links  # (tools/ is the script's folder: first on sys.path)
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMES = ROOT / "data" / "course_times.json"
@@ -320,12 +315,13 @@ def readme_with_map(data: dict, hashes: dict, readme: Path | None = None, learne
 
 
 def generated(data: dict, hashes: dict) -> dict:
-    """``{path: text}`` made from the data: README's map, the instructor kit, each lesson with its "Your time"."""
+    """``{path: text}`` made from the data: README's map, the instructor kit, each lesson with its "Your time" (and
+    its first cell and links: ``course_links.made``)."""
     learner, lessons = {}, {}
     for stem, lesson in data["lessons"].items():
         path = NOTEBOOKS / f"{stem}.ipynb"
         if path.exists():
-            nb = with_your_time(json.loads(path.read_text(encoding="utf-8")), lesson, hashes.get(stem))
+            nb = with_your_time(made(json.loads(path.read_text(encoding="utf-8")), stem), lesson, hashes.get(stem))
             learner[stem] = learner_time(nb, lesson, hashes.get(stem))
             lessons[path] = json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
     return {README: readme_with_map(data, hashes, learner=learner), INSTRUCTORS: instructors(data, hashes, learner),

@@ -1,8 +1,5 @@
 """Run the whole course on an offline GPU node with the Python it already has (`make gpu-check`).
 
-    python3 tools/gpu_check.py --out OUT [--wheelhouse build/wheelhouse] [--cifar10 DIR|TARBALL]
-                               [--budget-min 7] [--device cuda] [--allow-cpu] [--quick] [--only 00,01]
-
 A GPU node typically has torch, torchvision, matplotlib, numpy, pandas and tqdm, but no Jupyter tools and no
 package index, and is lent for minutes. This script
 1. refuses at once, in one line, when this Python has no torch or the device is missing (no silent CPU run);
@@ -30,6 +27,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -66,10 +64,9 @@ def check_device(device: str, allow_cpu: bool) -> str:
         import torch
     except ImportError:
         fail(f"{sys.executable} has no torch: run with the Python that has it (make gpu-check PYTHON=...)")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        if not allow_cpu:
-            fail("no usable CUDA GPU here (torch.cuda.is_available() is False); this check measures GPUs and does "
-                 "not fall back to the CPU (ALLOW_CPU=1 with DEVICE=cpu only for testing the path)")
+    if device.startswith("cuda") and not torch.cuda.is_available() and not allow_cpu:
+        fail("no usable CUDA GPU here (torch.cuda.is_available() is False); this check measures GPUs and does "
+             "not fall back to the CPU (ALLOW_CPU=1 with DEVICE=cpu only for testing the path)")
     if device == "cpu" and not allow_cpu:
         fail("DEVICE=cpu measures no GPU: pass ALLOW_CPU=1 if that is really what you want (tests do)")
     return device
@@ -275,8 +272,9 @@ def run_benchmarks(out: Path, env: dict, deadline: float) -> int:
             left = deadline - time.time()
             name = bench.relative_to(ROOT)
             if left < 5:
-                print(f"== {name}: skipped, the run's deadline is near", flush=True)
-                log.write(f"== {name}: skipped, the run's deadline is near\n")
+                said = f"== {name}: skipped, the run's deadline is near"
+                print(said, flush=True)
+                log.write(said + "\n")
                 continue
             print(f"== {name}", flush=True)
             try:
@@ -294,8 +292,6 @@ def run_benchmarks(out: Path, env: dict, deadline: float) -> int:
 
 def pack(out: Path) -> Path:
     """One archive of what a person needs from the run (not the caches, the wheels or CIFAR-10)."""
-    import platform
-
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", platform.node() or "node")
     archive = out / f"gpu-check-{name}-{datetime.date.today().isoformat()}.tar.gz"
     with tarfile.open(archive, "w:gz") as tar:

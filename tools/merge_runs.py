@@ -1,7 +1,5 @@
 """Merge two or more course runs (e.g. two halves of `make gpu-check ONLY=...`) into one folder and one report.
 
-    python3 tools/merge_runs.py OUT_A OUT_B [...] --out OUT_ALL
-
 Copies every run's results/*.json and executed notebooks into OUT_ALL, merges their times.json (a notebook run in
 several keeps its latest run) and writes one report.md. The runs must come from the same machine and mode:
 merging a GPU half with a CPU half would make one report of two machines.

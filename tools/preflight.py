@@ -1,8 +1,6 @@
 """Pre-flight checks: is this machine ready for the course (`make check`), and what on a GPU node would spoil
 `make gpu-check` (its node section, ``node()``, which tools/gpu_check.py calls first)?
 
-    python tools/preflight.py [--out build/preflight.md] [--data-dir data] [--no-network]
-
 Prints and writes a Markdown report: Python, torch and CUDA versions; each GPU (name, memory, a timed matmul,
 bf16 support) and the CPU's matmul; a 2-process all-reduce through torchrun (nccl on 2+ GPUs, gloo otherwise);
 JupyterLab and the course kernel; CIFAR-10 present (or its download reachable); Japanese Vowels' checksums; free

@@ -7,12 +7,8 @@ Only full-mode results measured on a GPU are promoted (quick-mode figures and CP
 those of a notebook stopped at its time limit; results sized to a time budget (`make gpu-check`) keep their
 `budget_s`, which the notebooks print beside the figures.
 Each file keeps the hardware, driver and torch version it was measured with; commit the new folder with a message
-naming the machine. The speed-of-light check travels with it: every promoted notebook's `measured_over_predicted`
-(measured / predicted from the datasheet, on a GPU the datasheet knows) is gathered into
-`prediction_check.json` beside the results, so the model's error on GPUs is known, not guessed. The run's
-times.json (beside the results folder) gives that GPU its own floors in data/budget_floors.json: each notebook
-that ended normally in full mode keeps the smaller of its recorded floor and this run's time, so the next
-`make gpu-check` on that GPU plans from them instead of the CPU's.
+naming the machine. The datasheet predictions' error on that GPU goes with them (``gather_prediction_check``), and
+the run's times become that GPU's budget floors (``keep_floors``).
 """
 import argparse
 import json

@@ -1,9 +1,5 @@
 """Execute the course's notebooks with papermill and write times.json and report.md (`make run`).
 
-    python tools/run_course.py [--quick] [--device auto|cpu|cuda|cuda:N|mps] [--only 00,01] [--out build]
-                               [--budget-min 8 | --budget-s 480] [--deadline EPOCH_SECONDS] [--skip 04,05]
-                               [--keep-going] [--measure-floors]
-
 Each notebook runs in a fresh `python3` kernel with `notebooks/` as its working directory (as in JupyterLab),
 driven by tools/run_notebook.py in a process session of its own. Without --keep-going the run stops at the first
 failing notebook and names it and the failing cell.
@@ -22,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import json
 import os
 import signal
@@ -34,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RUNNER = Path(__file__).resolve().parent / "run_notebook.py"
 FLOORS = Path(__file__).resolve().parent.parent / "data" / "budget_floors.json"
 
-from helpers.devices import describe, pick_device
+from helpers.devices import cpu_bf16_native, describe, pick_device
 from helpers.results import atomic_write_text, load_results, results_dir
 
 # Weights of the time left after the floors (the part a notebook spends on its scalable work): the CIFAR lessons
@@ -213,8 +210,6 @@ def mark_results(path: Path, run: dict) -> None:
 
 def machine_name(hw: dict) -> str:
     """The machine in one phrase: ``1x NVIDIA H200`` or ``2-core AMD EPYC with bf16``."""
-    from helpers.devices import cpu_bf16_native
-
     gpus = [g["name"] for g in hw["gpus"]]
     return (f"{len(gpus)}x {gpus[0]}" if gpus else
             f"{hw['cpu_cores']}-core {hw['cpu']} {'with' if cpu_bf16_native() else 'without'} bf16")
@@ -224,8 +219,6 @@ def write_times(path: Path, runs: dict, hw: dict, quick: bool, budget_s: float |
     """The notebooks' wall-clock seconds with the machine, mode and how each ended, each with the floor its plan used
     (tools/course_times.py --record reads ``notebooks``: the seconds of the notebooks that ran to the end;
     tools/promote_reference.py keeps a GPU run's times as that GPU's floors)."""
-    import datetime
-
     atomic_write_text(path, json.dumps({
         "machine": machine_name(hw), "gpu": bool(hw["gpus"]), "kind": kind, "torch": hw["torch"], "quick": quick,
         "date": datetime.date.today().isoformat(), "budget_s": budget_s,
@@ -506,8 +499,6 @@ def dry_run(todo: list, budget: float | None, deadline: float | None, kind: str,
             floors_file: Path = FLOORS) -> int:
     """Print each notebook's budget and limit and when the run would end, running nothing (``--plan``). It assumes
     each notebook takes its budget_s; a kind with no floors of its own re-plans as its first notebooks finish."""
-    import datetime
-
     if not budget:
         print("plan: no budget given (--budget-min or --budget-s): every notebook runs to its end, with no limit")
         return 0
@@ -542,8 +533,6 @@ def record_floors(kind: str, floors_s: dict, machine: str, torch_version: str, h
     """Keep ``floors_s`` ({notebook: seconds}) as ``kind``'s floors in data/budget_floors.json. A notebook already
     recorded keeps: on the CPU, the larger of its measured floors (CPU machines differ, and the plan must hold on the
     slowest measured); on a GPU, a new measurement, or else the smaller of two runs' times (each an upper bound)."""
-    import datetime
-
     data = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {"kinds": {}}
     entry = data["kinds"].setdefault(kind, {"floors_s": {}})
     measured, today = how.startswith("measured"), datetime.date.today().isoformat()
