@@ -105,13 +105,11 @@ def measured_ceilings(device="auto", *, refresh: bool = False, min_run_time: flo
     ``flops_per_s``: best matmul rate per dtype (``matmul_peak``); ``bytes_per_s``: a copy far larger than the
     caches (``helpers.operations.copy_bandwidth``, read + write counted); ``op_s``: seconds per tiny operator
     (``helpers.operations.overhead_rate``: Python, dispatch and, on a GPU, the launch, as the host issues them);
-    ``launch_s``: the host's cost of a kernel launch beyond ``op_s``, 0 here (the tiny operator timed on the device
-    in use already includes its launch); ``overlap``: whether the host runs ahead of
-    the device (a GPU) or does the work itself (a CPU). Cached as JSON under ``cache_dir()`` keyed by
-    ``ceilings_key``; ``refresh=True`` measures again; ``measure=False`` returns None rather than measure (a
-    training process that must not stop for it, e.g. one DDP rank of several). Never adjusted to make a prediction agree. The load
-    average at the time is recorded: ceilings measured while other programs ran (a load above the CPU count) are
-    low; measure again with ``refresh=True`` on a quiet machine.
+    ``launch_s``: 0 here (``op_s`` timed on the device in use includes the launch); ``overlap``: whether the host
+    runs ahead of the device (a GPU) or does the work itself (a CPU). Cached under ``cache_dir()`` by
+    ``ceilings_key``; ``refresh=True`` measures again; ``measure=False`` returns None rather than measure (one DDP
+    rank of several). Never adjusted to make a prediction agree. The load average is recorded: ceilings measured
+    while other programs ran are low; measure again with ``refresh=True`` on a quiet machine.
     """
     device = pick_device(device)
     path = cache_dir() / "ceilings" / f"{ceilings_key(device)}.json"
@@ -240,10 +238,8 @@ def ceiling_fractions(achieved_gflops: dict, ceiling_gflops: float, *, precision
 
 
 def above_ceiling(fractions: dict, *, precision: str = "fp32") -> list[str]:
-    """One line for each fraction of ``ceiling_fractions`` above 1, with its two likely causes (notebook 02): the
-    library chose an algorithm that does fewer operations than the direct count the rate divides (cuDNN's Winograd
-    or FFT convolutions: Lavin & Gray, 2016), or the two sides did not run in the same precision (a convolution left
-    in cuDNN's default TF32 against a true-fp32 matmul: ``helpers.devices.float32_precision``)."""
+    """One line for each fraction of ``ceiling_fractions`` above 1, with its two likely causes (notebook 02;
+    Winograd convolutions: Lavin & Gray, 2016; precision: ``helpers.devices.float32_precision``)."""
     return [f"{label}: {f:.0%} of the {precision} matmul ceiling. Above 100 % means one of two things: the library "
             "chose an algorithm that does fewer arithmetic operations than the direct count this rate divides "
             "(Winograd or FFT convolutions in cuDNN), or the work and the ceiling ran in different precisions "

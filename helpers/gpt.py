@@ -328,8 +328,8 @@ def attention_backends(device) -> list:
 
 
 def attention_dtype(device) -> torch.dtype:
-    """The dtype attention is timed in: a CUDA GPU's native half precision (bf16 from compute capability 8.0, fp16
-    below: ``helpers.devices.half_precision``), fp32 elsewhere (notebook 11)."""
+    """The dtype attention is timed in: a CUDA GPU's native half precision (``helpers.devices.half_precision``), fp32
+    elsewhere (notebook 11)."""
     return half_precision(device) if torch.device(device).type == "cuda" else torch.float32
 
 
@@ -337,9 +337,8 @@ def time_attention(batch: int, heads: int, seq_len: int, head_dim: int, device="
                    min_run_time: float = 0.2) -> dict:
     """Forward + backward of causal attention per SDPA backend and hand-written: ms and peak MB (notebook 11).
 
-    ``dtype`` None: on a CUDA GPU its native half precision (``helpers.devices.half_precision``: bf16 from compute
-    capability 8.0, fp16 below; the flash and cuDNN kernels take no fp32), elsewhere fp32. Each row records its
-    ``dtype``; a backend that cannot run these inputs (wrong device, dtype or shape) records its error instead.
+    ``dtype`` None: ``attention_dtype`` (the flash and cuDNN kernels take no fp32). Each row records its ``dtype``;
+    a backend that cannot run these inputs (wrong device, dtype or shape) records its error instead.
     """
     from torch.nn.attention import sdpa_kernel
 

@@ -28,7 +28,7 @@ PHASES = ("data wait", "host to device", "forward", "backward", "optimizer")
 PHASE_PREFIX = "phase/"       # record_function names: "phase/forward", ...
 INPUT_BOUND_SHARE = 0.2       # input phases (data wait + copy) at least this share of the step: input-bound
 OVERHEAD_BOUND_BUSY = 0.5     # device busy less than this share of the compute phases: overhead-bound
-FLOOR_EXPLAINS = 0.5          # the largest floor "explains" the step from this share on, else "is the closest"
+FLOOR_EXPLAINS = 0.5          # the largest floor explains the step from this share on (else "is the closest")
 FLOOR_FAR = 0.1               # every floor below this share of the step: overhead the operator count does not see
 GPU_KERNEL_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 
@@ -229,12 +229,13 @@ def input_or_transfer(wait_ms: float, copy_ms: float) -> str:
 def floor_bound(shares: dict, of: str = "the step") -> tuple[str, str]:
     """The bound a step's floors name, and why (notebooks 09 and 10): ``shares`` of the measured time (``of``) that
     each of ``predictions.predict_step``'s floors takes. The largest names it, unless all are under ``FLOOR_FAR``:
-    then overhead, costs the operator count does not see (work inside fused operators, Python between them)."""
+    then overhead: costs the operator count does not see, or kernels far below this machine's ceilings."""
     top = max(shares, key=shares.get)
     told = ", ".join(f"{k} {v:.0%}" for k, v in sorted(shares.items(), key=lambda kv: -kv[1]))
     if shares[top] < FLOOR_FAR:
         return "overhead", (f"the largest floor is only {shares[top]:.0%} of {of} ({told}): fixed costs the "
-                            "operator count does not see (work inside fused operators, Python between them)")
+                            "operator count does not see (work inside fused operators, Python between them), or "
+                            "kernels far below this machine's ceilings")
     how = "explains" if shares[top] >= FLOOR_EXPLAINS else "is the closest, at"
     return top, f"the {top} floor {how} {shares[top]:.0%} of {of} ({told})"
 
@@ -243,8 +244,8 @@ def verdict(phase_ms: dict, busy_ms: float | None = None, *, floors_ms: dict | N
     """Name the bound of a step from its phases (ms), the device's busy time and its floors (notebook 09).
 
     Input or transfer: data wait + host→device copy take ``INPUT_BOUND_SHARE`` of the step or more. Otherwise
-    overhead: the device is busy less than ``OVERHEAD_BOUND_BUSY`` of the compute phases (a CPU counts dispatching as
-    busy). Otherwise ``floor_bound`` of ``floors_ms`` (``predict_step``'s overhead, compute and memory, in ms) against
+    overhead: the device is busy less than ``OVERHEAD_BOUND_BUSY`` of the compute phases (a CPU counts each
+    operator's dispatch as busy: there the operator floor shows it). Otherwise ``floor_bound`` of ``floors_ms`` (``predict_step``'s overhead, compute and memory, in ms) against
     the compute phases, as ``helpers.diagnose.classify`` does; without floors, compute, others not ruled out.
     """
     step = sum(phase_ms.values())
@@ -261,10 +262,10 @@ def verdict(phase_ms: dict, busy_ms: float | None = None, *, floors_ms: dict | N
         bound, why = "overhead", f"the device is busy for only {busy:.0%} of the forward, backward and optimizer time"
     else:
         said = f"forward, backward and optimizer take {compute / step:.0%} of the step" + (
-            f"; the device is busy {busy:.0%} of it" if busy is not None else "")
+            f", the device busy {busy:.0%} of that time" if busy is not None else "")
         if floors_ms and compute > 0:
             bound, why = floor_bound({k: floors_ms[k] / compute for k in ("overhead", "compute", "memory")},
-                                     of="them")
+                                     of="that time")
             why = f"{said}; {why}"
         else:
             unknown = " and ".join(["overhead"] * (busy is None) + ["memory"])

@@ -214,7 +214,7 @@ BUSY_STEP = {"data wait": 1, "host to device": 2, "forward": 30, "backward": 60,
     (BUSY_STEP, 95, {"overhead": 5, "compute": 70, "memory": 15}, "compute"),
     (BUSY_STEP, 95, {"overhead": 5, "compute": 10, "memory": 70}, "memory"),
     (BUSY_STEP, 95, {"overhead": 5, "compute": 20, "memory": 30}, "memory"),  # the closest floor, under half
-    # a CPU counts dispatching as busy: the operator floor finds the overhead the busy share cannot
+    # a CPU counts each operator's dispatch as busy: the operator floor finds the overhead the busy share cannot
     (BUSY_STEP, 95, {"overhead": 60, "compute": 8, "memory": 10}, "overhead"),
     (BUSY_STEP, 95, {"overhead": 2, "compute": 9, "memory": 3}, "overhead"),  # every floor under 10 %: fixed costs
 ])
@@ -227,7 +227,7 @@ def test_verdict_names_each_of_the_five_bounds(phases, busy, floors, bound):
 def test_verdict_and_classify_share_the_floor_rule():
     floors = {"overhead": 2, "compute": 9, "memory": 3}
     shares = {k: v / 98 for k, v in floors.items()}
-    assert profiling.floor_bound(shares, of="them")[1] in profiling.verdict(
+    assert profiling.floor_bound(shares, of="that time")[1] in profiling.verdict(
         BUSY_STEP, busy_ms=95, floors_ms=floors).reason
     assert profiling.floor_bound({"overhead": 0.3, "compute": 0.55, "memory": 0.1}) == (
         "compute", "the compute floor explains 55% of the step (compute 55%, overhead 30%, memory 10%)")

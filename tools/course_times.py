@@ -34,10 +34,10 @@ STALE = "measured on an earlier version"
 MACHINE_FACTOR = 2.0  # machines whose times of one lesson differ by more than this are named with both figures
 
 
-def notebook_hash(path: Path) -> str:
+def notebook_hash(notebook: Path | dict) -> str:
     """sha256 of a notebook's cell types and sources, in order; outputs, execution counts and metadata do not
     count, nor the cell papermill injects (tag ``injected-parameters``), so an executed copy hashes as its source."""
-    nb = json.loads(Path(path).read_text(encoding="utf-8"))
+    nb = notebook if isinstance(notebook, dict) else json.loads(Path(notebook).read_text(encoding="utf-8"))
     cells = [[c["cell_type"], _without_your_time(_text(c))]
              for c in nb["cells"] if "injected-parameters" not in c.get("metadata", {}).get("tags", [])]
     return hashlib.sha256(json.dumps(cells, ensure_ascii=False).encode("utf-8")).hexdigest()
@@ -317,11 +317,13 @@ def readme_with_map(data: dict, hashes: dict, readme: Path | None = None, learne
 def generated(data: dict, hashes: dict) -> dict:
     """``{path: text}`` made from the data: README's map, the instructor kit, each lesson with its "Your time" (and
     its first cell and links: ``course_links.made``)."""
-    learner, lessons = {}, {}
+    hashes, learner, lessons = dict(hashes), {}, {}
     for stem, lesson in data["lessons"].items():
         path = NOTEBOOKS / f"{stem}.ipynb"
         if path.exists():
-            nb = with_your_time(made(json.loads(path.read_text(encoding="utf-8")), stem), lesson, hashes.get(stem))
+            nb = made(json.loads(path.read_text(encoding="utf-8")), stem)
+            hashes[stem] = notebook_hash(nb)  # as the written file will hash: one --write settles it
+            nb = with_your_time(nb, lesson, hashes[stem])
             learner[stem] = learner_time(nb, lesson, hashes.get(stem))
             lessons[path] = json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
     return {README: readme_with_map(data, hashes, learner=learner), INSTRUCTORS: instructors(data, hashes, learner),
@@ -382,8 +384,9 @@ def stale_report(data: dict, hashes: dict) -> list[str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--record", help="a build/times.json to add")
-    ap.add_argument("--write", action="store_true", help="regenerate README's course map and docs/instructors.md")
-    ap.add_argument("--check", action="store_true", help="report stale times; exit 1 if README or the kit is out of date")
+    ap.add_argument("--write", action="store_true", help="regenerate README's course map, docs/instructors.md and "
+                    "each lesson's title cell and first cell")
+    ap.add_argument("--check", action="store_true", help="report stale times; exit 1 if what --write makes is out of date")
     ap.add_argument("--strict", action="store_true", help="with --check: exit 1 also when a time is stale")
     ap.add_argument("--words", action="store_true", help=f"each lesson's prose words (issue 38: at most {PROSE_MAX})")
     args = ap.parse_args(argv)
@@ -403,7 +406,7 @@ def main(argv=None) -> int:
     if args.write or args.record:
         for path, text in wanted.items():
             path.write_text(text, encoding="utf-8")
-        print(f"wrote {README} (course map), {INSTRUCTORS} and the lessons' \"Your time\" lines")
+        print(f"wrote {README} (course map), {INSTRUCTORS} and the lessons' title and first cells")
     return 0
 
 

@@ -17,10 +17,8 @@ package index, and is lent for minutes. This script
 6. packs results, executed notebooks, logs, times.json, report.md and the benchmark log into ONE archive,
    OUT/gpu-check-<machine>-<date>.tar.gz, the one file to copy off the node.
 Everything it writes — caches of Jupyter, IPython, matplotlib, Triton and inductor, Python's bytecode, temporary
-files, work folders — lives under OUT; the repository is left as it was.
-
-Two halves of the course (two calls with ONLY=, into two OUT folders) merge into one report:
-    python3 tools/merge_runs.py OUT_A OUT_B --out OUT_ALL
+files, work folders — lives under OUT; the repository is left as it was. Two halves of the course (two calls with
+ONLY=, into two OUT folders) merge into one report with tools/merge_runs.py.
 """
 from __future__ import annotations
 

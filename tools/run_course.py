@@ -32,7 +32,7 @@ RUNNER = Path(__file__).resolve().parent / "run_notebook.py"
 FLOORS = Path(__file__).resolve().parent.parent / "data" / "budget_floors.json"
 
 from helpers.devices import cpu_bf16_native, describe, pick_device
-from helpers.results import atomic_write_text, load_results, results_dir
+from helpers.results import atomic_write_text, load_results
 
 # Weights of the time left after the floors (the part a notebook spends on its scalable work): the CIFAR lessons
 # train, 05 trains two recipes (the rehearsal of 2026-12-05 left them 3 s each at 0.27). Renormalised over the
@@ -336,12 +336,11 @@ def kill_tree(pid: int) -> list:
     return seen
 
 
-def write_report(results: str | Path | None = None, out: str | Path | None = None, *, runs: dict | None = None) -> Path:
+def write_report(results: Path, out: Path, *, runs: dict | None = None) -> Path:
     """Collect every ``build/results/*.json`` into ``build/report.md`` (``make run``, ``make gpu-check``,
     tools/merge_runs.py); ``runs`` adds how each notebook ended — a notebook stopped at its time limit may have saved
     none."""
-    src = Path(results) if results else results_dir()
-    out = Path(out) if out else src.parent / "report.md"
+    src, out = Path(results), Path(out)
     lines = ["# Course run report", ""] + (_runs_table(runs) if runs else [])
     records = [load_results(p) for p in sorted(src.glob("*.json"))]
     if not records:
