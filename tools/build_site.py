@@ -55,24 +55,7 @@ nb_render_markdown_format = "gfm"            # Markdown outputs as JupyterLab sh
 '''
 
 
-# The lesson column: as wide as the window allows beside the navigation, the page's contents listed under it (the
-# right-hand panel and its toggle are gone). Code at 13 px: 128 characters fit at 1366 px, 120 at 1280 px, so
-# notebook code lines of up to 120 characters and printed tables of that width read without scrolling; printed
-# prose wraps (tests/test_site.py checks every page).
-CSS = """\
-@media (min-width: 992px) {
-  .bd-main .bd-content .bd-article-container { max-width: 100%; }
-  .bd-page-width { max-width: 100rem; }
-  .bd-header { display: none; }  /* it held only a second search box: the navigation has one */
-}
-.bd-sidebar-secondary, .article-header-buttons .secondary-toggle { display: none !important; }
-.bd-sidebar-primary .page-toc { font-size: 0.85rem; margin-top: 1rem; }
-.bd-article pre { font-size: 0.8125rem; }  /* 13 px: GitHub shows code at 12 px */
-.tag_output-wraps .cell_output pre, .cell_output .stderr pre { white-space: pre-wrap; overflow-wrap: anywhere; }
-.bd-main .bd-content .bd-article-container .bd-article { padding-left: 1.5rem; padding-right: 1.5rem; }
-/* a table whose header is blank ("Your hardware"): no empty header row */
-.cell_output thead:not(:has(th > p:not(:empty))) { display: none; }
-"""
+CSS = Path(__file__).with_name("site.css")  # the lesson column's width, code at 13 px, no right-hand panel
 TABLE_ROW = re.compile(r"^[\s|+]*[-=─━]{10,}[-=─━\s|+]*$|\S {2,}\S.*\S {2,}\S")  # a rule, or 3+ columns
 WRAP_LIMIT = 120  # characters of a printed line that fit the lesson column at 1366 px
 
@@ -235,7 +218,7 @@ def write_sources(src: Path, executed_dir: Path, results_dir: Path) -> list[str]
     (src / "index.md").write_text(home_page(lessons, lines), encoding="utf-8")
     (src / "conf.py").write_text(CONF, encoding="utf-8")
     (src / "_static").mkdir(exist_ok=True)
-    (src / "_static" / "course.css").write_text(CSS, encoding="utf-8")
+    shutil.copyfile(CSS, src / "_static" / "course.css")
     return lessons
 
 
