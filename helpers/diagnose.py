@@ -498,8 +498,9 @@ def classify(rates: dict, phase_ms: dict, floors: dict | None = None, batch: dic
                             f"{batch['low']:.2f}× the items/s or more: a fixed cost per step that the operator count "
                             "does not see (work inside fused operators, Python between them)" + scaling)
     bound, why = floor_bound(shares, of="the model's step")
-    extra = (f"; arithmetic intensity {floors['intensity']:.1f} FLOP/byte, below the ridge point "
-             f"{floors['ridge']:.0f}" if bound == "memory" else "")
+    below = floors["intensity"] < floors["ridge"]
+    extra = (f"; arithmetic intensity {floors['intensity']:.1f} FLOP/byte, {'below' if below else 'at or above'} "
+             f"the ridge point {floors['ridge']:.0f}" if bound == "memory" else "")
     return bound, f"{said}; {why}{extra}{scaling}"
 
 

@@ -245,12 +245,14 @@ def verdict(phase_ms: dict, busy_ms: float | None = None, *, floors_ms: dict | N
 
     Input or transfer: data wait + host→device copy take ``INPUT_BOUND_SHARE`` of the step or more. Otherwise
     overhead: the device is busy less than ``OVERHEAD_BOUND_BUSY`` of the compute phases (a CPU counts each
-    operator's dispatch as busy: there the operator floor shows it). Otherwise ``floor_bound`` of ``floors_ms`` (``predict_step``'s overhead, compute and memory, in ms) against
-    the compute phases, as ``helpers.diagnose.classify`` does; without floors, compute, others not ruled out.
-    """
+    operator's dispatch as busy: there the operator floor shows it). Otherwise ``floor_bound`` of ``floors_ms``
+    (``predict_step``'s overhead, compute and memory, in ms) against the compute phases, as
+    ``helpers.diagnose.classify`` does; without floors, compute, others not ruled out."""
     step = sum(phase_ms.values())
     if step <= 0:
         raise ValueError("the phases add up to no time at all")
+    if floors_ms is not None and not {"overhead", "compute", "memory"} <= set(floors_ms):
+        raise ValueError("floors_ms needs the overhead, compute and memory floors (ms) of predictions.predict_step")
     wait, moved = phase_ms.get("data wait", 0.0), phase_ms.get("host to device", 0.0)
     compute = sum(phase_ms.get(k, 0.0) for k in ("forward", "backward", "optimizer"))
     busy = busy_ms / compute if busy_ms is not None and compute > 0 else None
@@ -316,14 +318,11 @@ def memory_source(device: str | torch.device) -> str:
               "step (CPU, no CUDA counters)")
 
 
-def trace_peak_mb(trace, device_type: int = 0) -> float:
-    """Peak MB of tensors allocated and not yet freed during a trace, from its ``[memory]`` events (notebook 09).
-
-    ``device_type`` 0 is the CPU (the profiler's numbering). Memory allocated before profiling started is not in
-    the trace: add the tensors that already existed (``tensor_mb``) for a whole-process figure.
-    """
+def trace_peak_mb(trace) -> float:
+    """Peak MB of CPU tensors allocated and not yet freed during a trace, from its ``[memory]`` events; what existed
+    before profiling started is not in it (add ``tensor_mb`` for a whole-process figure) (notebook 09)."""
     events = sorted((e["ts"], e["args"]["Bytes"]) for e in load_trace(trace)
-                    if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type", 0) == device_type)
+                    if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type", 0) == 0)  # 0: the CPU
     live = peak = 0
     for _, nbytes in events:
         live += nbytes

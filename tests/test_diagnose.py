@@ -102,6 +102,8 @@ def test_classify_follows_the_measurements():
     memory = dict(floors, shares={"overhead": 0.01, "compute": 0.02, "memory": 0.8})
     kind, reason = classify(fast_input, phases, memory)
     assert kind == "memory" and "below the ridge point 10" in reason
+    kind, reason = classify(fast_input, phases, dict(memory, intensity=12.0))  # a per-operator floor, not the mean
+    assert kind == "memory" and "12.0 FLOP/byte, at or above the ridge point 10" in reason
     small = dict(floors, shares={"overhead": 0.1, "compute": 0.3, "memory": 0.2})
     batch = {"speedup": 1.5, "low": 1.4, "high": 1.6}
     kind, reason = classify(fast_input, phases, small, batch)

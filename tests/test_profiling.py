@@ -232,6 +232,8 @@ def test_verdict_and_classify_share_the_floor_rule():
     assert profiling.floor_bound({"overhead": 0.3, "compute": 0.55, "memory": 0.1}) == (
         "compute", "the compute floor explains 55% of the step (compute 55%, overhead 30%, memory 10%)")
     assert "overhead and memory not ruled out" in profiling.verdict(BUSY_STEP).reason
+    with pytest.raises(ValueError, match="overhead, compute and memory"):
+        profiling.verdict(BUSY_STEP, busy_ms=95, floors_ms={"compute": 70, "memory": 15})
 
 
 def test_verdict_refuses_an_empty_step():
