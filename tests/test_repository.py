@@ -205,3 +205,7 @@ def test_cpu_floors_keep_the_slowest_machine_measured(tmp_path):
     run_course.record_floors("cpu", {"00_a": 9.0}, "CPU three", "2.14", how, path)  # each machine named once, dated
     machine = json.loads(path.read_text())["kinds"]["cpu"]["machine"]
     assert machine.count("the larger floor of") == 1 and machine.count(")") == 3, machine
+    run_course.record_floors("cpu", {"01_b": 25.0}, "CPU one", "2.14", how, path)  # measured again: still all three
+    machine = json.loads(path.read_text())["kinds"]["cpu"]["machine"]
+    assert machine.count(")") == 3 and "CPU two" in machine and "CPU three" in machine, machine
+    assert run_course.load_floors("cpu", path)[0] == {"00": 9.0, "01": 25.0}

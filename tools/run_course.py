@@ -539,11 +539,14 @@ def record_floors(kind: str, floors_s: dict, machine: str, torch_version: str, h
     for name, seconds in floors_s.items():
         old = entry["floors_s"].get(name)
         entry["floors_s"][name] = round(seconds if old is None else keep(old, seconds), 1)
-    if kind == "cpu" and measured and entry.get("machine") and machine not in entry["machine"]:
+    if kind == "cpu" and measured and entry.get("machine"):
         machines = entry["machine"]  # each machine with its date; a single machine's date is the entry's
         machines = machines.removeprefix(LARGER) if machines.startswith(LARGER) else f"{machines} ({entry.get('date')})"
-        machine = f"{LARGER}{machines}; {machine} ({today})"
-    entry.update(machine=machine, torch=torch_version, date=today, how=how)
+        named = dict(m.rsplit(" (", 1) for m in machines.split("; "))  # machine -> "date)"; a re-measured one renewed
+        named[machine] = f"{today})"
+        machine = f"{LARGER}{'; '.join(f'{m} ({d}' for m, d in named.items())}" if len(named) > 1 else machine
+    entry.update(machine=machine, torch=torch_version, date=today,
+                 how=entry["how"] if entry.get("how", "").startswith(how) else how)  # keeps notes added after it
     data["about"] = FLOORS_ABOUT
     atomic_write_text(path, json.dumps(dict(about=data.pop("about"), **data), indent=1) + "\n")
 
