@@ -14,7 +14,6 @@ With a budget (--budget-min, or --budget-s from `make gpu-check`), every noteboo
 Every ending — error in a cell, dead kernel, a kernel that never starts, a stop — is one line; times.json (with a
 status per notebook) and report.md are always written.
 """
-from __future__ import annotations
 
 import argparse
 import contextlib
@@ -399,8 +398,7 @@ def main(argv=None) -> int:
         report = write_report(results, out / "report.md", runs=runs)
     if args.measure_floors:
         write_floors(runs, hw, kind)
-    bad = [k for k, r in runs.items() if r["status"] != "ok"]
-    if bad:
+    if bad := [k for k, r in runs.items() if r["status"] != "ok"]:
         print(f"{len(bad)} of {len(todo)} notebook(s) did not end normally: "
               + ", ".join(f"{k} ({runs[k]['status']})" for k in bad) + f"; report of all: {report}")
         return 1
@@ -539,22 +537,20 @@ def record_floors(kind: str, floors_s: dict, machine: str, torch_version: str, h
     for name, seconds in floors_s.items():
         old = entry["floors_s"].get(name)
         entry["floors_s"][name] = round(seconds if old is None else keep(old, seconds), 1)
-    if kind == "cpu" and measured and entry.get("machine"):
-        machines = entry["machine"]  # each machine with its date; a single machine's date is the entry's
-        machines = machines.removeprefix(LARGER) if machines.startswith(LARGER) else f"{machines} ({entry.get('date')})"
-        named = dict(m.rsplit(" (", 1) for m in machines.split("; "))  # machine -> "date)"; a re-measured one renewed
-        named[machine] = f"{today})"
+    if kind == "cpu" and measured and entry.get("machine"):  # each machine named once, with its latest date
+        was = entry["machine"]
+        was = was.removeprefix(LARGER) if was.startswith(LARGER) else f"{was} ({entry.get('date')})"
+        named = {**dict(m.rsplit(" (", 1) for m in was.split("; ")), machine: f"{today})"}
         machine = f"{LARGER}{'; '.join(f'{m} ({d}' for m, d in named.items())}" if len(named) > 1 else machine
-    entry.update(machine=machine, torch=torch_version, date=today,
-                 how=entry["how"] if entry.get("how", "").startswith(how) else how)  # keeps notes added after it
+    how = entry["how"] if entry.get("how", "").startswith(how) else how  # keeps a note added after it
+    entry.update(machine=machine, torch=torch_version, date=today, how=how)
     data["about"] = FLOORS_ABOUT
     atomic_write_text(path, json.dumps(dict(about=data.pop("about"), **data), indent=1) + "\n")
 
 
 def write_floors(runs: dict, hw: dict, kind: str) -> None:
     """Record a --measure-floors run as ``kind``'s floors (every notebook must have ended normally)."""
-    bad = [k for k, r in runs.items() if r["status"] != "ok"]
-    if bad:
+    if bad := [k for k, r in runs.items() if r["status"] != "ok"]:
         print(f"floors not written: {', '.join(bad)} did not end normally", file=sys.stderr)
         return
     record_floors(kind, {k: r["seconds"] for k, r in runs.items()}, machine_name(hw), hw["torch"],
