@@ -1,10 +1,12 @@
 """A small deterministic training job for the kill-and-resume test (run as a subprocess).
 
-Usage: python resume_job.py CHECKPOINT OUT.pt [--resume] [--pause SECONDS]
-Prints "iteration N" after every optimizer step so the test knows when to kill it.
+Usage: python resume_job.py CHECKPOINT OUT.pt [--resume] [--die-at N]
+Prints "iteration N" after every optimizer step; with --die-at N it sends itself SIGKILL right after step N, so the
+kill lands at the same step on any machine (a parent reading the output and killing it could be late).
 """
+import os
+import signal
 import sys
-import time
 
 import torch
 from torch import nn
@@ -16,7 +18,7 @@ from helpers.training import fit, seed_everything
 def main(argv):
     checkpoint, out = argv[0], argv[1]
     resume = "--resume" in argv
-    pause = float(argv[argv.index("--pause") + 1]) if "--pause" in argv else 0.0
+    die_at = int(argv[argv.index("--die-at") + 1]) if "--die-at" in argv else None
     torch.set_num_threads(1)
     seed_everything(0)
     x = torch.randn(96, 8)
@@ -28,7 +30,8 @@ def main(argv):
 
     def report(info):
         print(f"iteration {info['iteration']}", flush=True)
-        time.sleep(pause)
+        if info["iteration"] == die_at:
+            os.kill(os.getpid(), signal.SIGKILL)
 
     history = fit(model, loader, epochs=4, optimizer=opt, scheduler=sched, scheduler_step="batch",
                   checkpoint=checkpoint, checkpoint_every=5, resume=resume, progress=False, callback=report)

@@ -205,7 +205,7 @@ def test_a_bigger_batch_that_does_not_fit_is_reported_as_such(one_thread):
     work = copy.deepcopy(model)
     batch = (data.tensors[0], data.tensors[1])
     one = peak_mb(lambda: train_step(work, torch.optim.SGD(work.parameters(), lr=0.01), batch, "cpu")(), "cpu")
-    result = diagnose(model, DataLoader(data, batch_size=1024), device="cpu", budget_s=4,
+    result = diagnose(model, DataLoader(data, batch_size=1024), device="cpu", budget_s=15,
                       memory_limit_mb=1.3 * one, levers=["batch"])
     assert result.bottleneck != "out of memory", result.reason  # batch 1024 fits ...
     assert "does not fit" in result.not_measured["batch"], result.not_measured  # ... 2048 does not

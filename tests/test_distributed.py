@@ -68,14 +68,13 @@ def _alive_with(marker: str) -> list:
 
 
 def test_a_failing_rank_fails_the_launch_quickly_and_leaves_no_process(tmp_path):
+    """Quickly: the rank's own error (RuntimeError), not the launch's time limit (TimeoutError), which a launch that
+    waited for the other rank's collective to time out (30 min for gloo) would reach first."""
     marker = str(tmp_path / "never.json")
-    t0 = time.perf_counter()
     with pytest.raises(RuntimeError) as err:
         launch(2, ["--synthetic", "2048", "--widths", "8,8,8", "--depth", "1", "--batch-size", "16", "--epochs", "5",
                    "--fail-at-step", "3", "--fail-rank", "1", "--out", marker], timeout=240, echo=False)
-    elapsed = time.perf_counter() - t0
     assert "injected failure on rank 1 at step 3" in str(err.value)
-    assert elapsed < 120, f"took {elapsed:.0f} s to notice the failure"
     time.sleep(0.5)
     assert _alive_with(marker) == []
     assert not Path(marker).exists()

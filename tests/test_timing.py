@@ -25,7 +25,7 @@ class FakeAsyncDevice:
             self.pending.pop().wait()
 
 
-@pytest.mark.serial  # five thread launches within 5 ms: not while another test loads the cores
+@pytest.mark.serial  # a 20 ms wait seen on the clock: not while another test loads the cores
 def test_synchronised_timer_sees_the_asynchronous_work():
     dev = FakeAsyncDevice()
 
@@ -37,13 +37,13 @@ def test_synchronised_timer_sees_the_asynchronous_work():
     assert t.median_s >= 0.018, t
     wrong = timing.time_unsynchronised(dev.launch, repeats=5)
     dev.sync()
-    assert wrong < 0.005, "launching is quick; only a synchronised clock sees the 20 ms"
+    assert wrong < t.median_s / 4, "launching is quick; only a synchronised clock sees the 20 ms"
 
 
 def test_cpu_timing_record():
     t = timing.time_fn(lambda: time.sleep(0.002), "cpu", label="sleep", min_run_time=0.05)
     assert t.device == "cpu" and t.label == "sleep"
-    assert 0.0015 < t.median_s < 0.05
+    assert 0.0015 < t.median_s < 1  # seconds: a sleep of 2 ms, however slow the machine (1 catches a ms slip)
     assert t.min_s <= t.median_s <= t.max_s and t.iqr_s >= 0 and t.runs == len(t.times_s) >= 1
     assert set(t.state_dict()) >= {"median_s", "iqr_s", "runs", "times_s"}
     assert "sleep on cpu: median" in str(t)
