@@ -247,7 +247,7 @@ def verdict(phase_ms: dict, busy_ms: float | None = None, *, floors_ms: dict | N
     overhead: the device is busy less than ``OVERHEAD_BOUND_BUSY`` of the compute phases (a CPU counts each
     operator's dispatch as busy: there the operator floor shows it). Otherwise ``floor_bound`` of ``floors_ms``
     (``predict_step``'s overhead, compute and memory, in ms) against the compute phases, as
-    ``helpers.diagnose.classify`` does; without floors, compute, others not ruled out."""
+    ``helpers.diagnose.classify`` does; without floors (or with none counted), compute, others not ruled out."""
     step = sum(phase_ms.values())
     if step <= 0:
         raise ValueError("the phases add up to no time at all")
@@ -265,13 +265,13 @@ def verdict(phase_ms: dict, busy_ms: float | None = None, *, floors_ms: dict | N
     else:
         said = f"forward, backward and optimizer take {compute / step:.0%} of the step" + (
             f", the device busy {busy:.0%} of that time" if busy is not None else "")
-        if floors_ms and compute > 0:
+        if floors_ms and compute > 0 and max(floors_ms[k] for k in ("overhead", "compute", "memory")) > 0:
             bound, why = floor_bound({k: floors_ms[k] / compute for k in ("overhead", "compute", "memory")},
                                      of="that time")
             why = f"{said}; {why}"
         else:
             unknown = " and ".join(["overhead"] * (busy is None) + ["memory"])
-            bound, why = "compute", f"{said}; {unknown} not ruled out (pass busy_ms and floors_ms)"
+            bound, why = "compute", f"{said}; {unknown} not ruled out (pass busy_ms and counted floors_ms)"
     return Verdict(bound, why, BOUNDS[bound][0])
 
 

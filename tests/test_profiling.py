@@ -217,11 +217,12 @@ BUSY_STEP = {"data wait": 1, "host to device": 2, "forward": 30, "backward": 60,
     # a CPU counts each operator's dispatch as busy: the operator floor finds the overhead the busy share cannot
     (BUSY_STEP, 95, {"overhead": 60, "compute": 8, "memory": 10}, "overhead"),
     (BUSY_STEP, 95, {"overhead": 2, "compute": 9, "memory": 3}, "overhead"),  # every floor under 10 %: fixed costs
+    (BUSY_STEP, 95, {"overhead": 0, "compute": 0, "memory": 0}, "compute"),  # nothing counted: not "overhead 0 %"
 ])
 def test_verdict_names_each_of_the_five_bounds(phases, busy, floors, bound):
     v = profiling.verdict(phases, busy_ms=busy, floors_ms=floors)
     assert v.bound == bound and v.fix == BOUNDS[bound][0] and v.reason
-    assert ("memory not ruled out" in v.reason) == (bound == "compute" and floors is None)
+    assert ("memory not ruled out" in v.reason) == (bound == "compute" and not any((floors or {}).values()))
 
 
 def test_verdict_and_classify_share_the_floor_rule():
