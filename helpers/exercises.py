@@ -61,6 +61,8 @@ def check(key: str, answer, *, namespace: dict | None = None) -> bool:
     if isinstance(answer, str) and answer == NOT_ATTEMPTED or answer is None and not none_is_an_answer:
         print("Not attempted yet: replace the placeholder above (the solution is in the cell below).")
         return False
+    if isinstance(answer, str) and want.value in BOUNDS:  # "Overhead-bound" names the bound "overhead"
+        answer = answer.strip().lower().removesuffix("-bound")
     if not want.right(answer):
         why = next((why for wrong, why in want.wrong if want.same(answer, wrong)), want.hint)
         raise AssertionError(f"{answer!r} is not it. {why}")
@@ -175,8 +177,7 @@ def _bound(ns) -> Answer:
     bound = verdict(ns["exercise_phases"], busy_ms=ns["exercise_busy_ms"]).bound
     limits = f"{INPUT_BOUND_SHARE:.0%} and {OVERHEAD_BOUND_BUSY:.0%}"
     why = {"transfer": f"transfer needs an input share of {INPUT_BOUND_SHARE:.0%} or more and copying longer than "
-                       "waiting.", "memory": "memory needs the step's floors (lesson 08), which this exercise does not "
-                                             "give."}
+                       "waiting.", "memory": "memory needs the step's floors (lesson 08), which this exercise lacks."}
     return Answer(bound, "Input share: (data wait + copy) / the whole step; then the busy share of forward, backward "
                   "and optimizer.", wrong=[(b, f"Not {b}: " + why.get(b, f"compute both shares and compare them with "
                                                                         f"{limits}.")) for b in BOUNDS if b != bound])
@@ -200,8 +201,7 @@ def _bottleneck(ns) -> Answer:
             "first the share of the real step spent outside the model, and whether the phases wait for input.")
     return Answer(kind, "Which side is slower, the input alone or the model alone? Which share of the real step is "
                   "spent outside the model (1 - real / model)? Then compare copying with waiting.",
-                  wrong=[(k, f"Not {k}: " + why.get(k, side))
-                         for k in BOUNDS if k != kind])
+                  wrong=[(k, f"Not {k}: " + why.get(k, side)) for k in BOUNDS if k != kind])
 
 
 def _flops_gpt2(ns) -> Answer:
