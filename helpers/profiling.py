@@ -245,7 +245,7 @@ def verdict(phase_ms: dict, busy_ms: float | None = None, *, floors_ms: dict | N
 
     Input or transfer: data wait + host→device copy take ``INPUT_BOUND_SHARE`` of the step or more. Otherwise
     overhead: the device is busy less than ``OVERHEAD_BOUND_BUSY`` of the compute phases (a CPU counts each
-    operator's dispatch as busy: there the operator floor shows it). Otherwise ``floor_bound`` of ``floors_ms``
+    operator's dispatch as busy: there the overhead floor shows it). Otherwise ``floor_bound`` of ``floors_ms``
     (``predict_step``'s overhead, compute and memory, in ms) against the compute phases, as
     ``helpers.diagnose.classify`` does; without floors (or with none counted), compute, others not ruled out."""
     step = sum(phase_ms.values())
