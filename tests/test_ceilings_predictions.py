@@ -94,6 +94,7 @@ def fake_measure(calls):
 
 def test_ceilings_are_measured_once_per_machine_and_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(ceilings.os, "getloadavg", lambda: (0.5, 0.5, 0.5))  # a quiet machine, whatever runs now
     calls = []
     monkeypatch.setattr(ceilings, "_measure", fake_measure(calls))
     first = measured_ceilings("cpu")
@@ -104,6 +105,23 @@ def test_ceilings_are_measured_once_per_machine_and_cached(tmp_path, monkeypatch
     assert torch.__version__ in second["key"] and second["flops_per_s"] == {"float32": 1e11}
     measured_ceilings("cpu", refresh=True)
     assert calls == ["cpu", "cpu"]
+
+
+def test_ceilings_measured_on_a_busy_machine_are_measured_again_once_it_is_quieter(tmp_path, monkeypatch):
+    """A peak measured while more programs ran than there are CPUs is low: every MFU after it would be too high."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(ceilings, "usable_cpus", lambda: 2)
+    calls, load = [], [3.0]
+    monkeypatch.setattr(ceilings.os, "getloadavg", lambda: (load[0], 1.0, 1.0))
+    monkeypatch.setattr(ceilings, "_measure", fake_measure(calls))
+    assert measured_ceilings("cpu")["load_average"] == 3.0
+    assert measured_ceilings("cpu")["cached"] and len(calls) == 1, "still busy: the cache is what there is"
+    assert measured_ceilings("cpu", measure=False)["cached"], "a DDP rank that may not measure reads it"
+    load[0] = 1.5
+    again = measured_ceilings("cpu")
+    assert not again["cached"] and again["load_average"] == 1.5 and len(calls) == 2
+    load[0] = 0.2
+    assert measured_ceilings("cpu")["cached"] and len(calls) == 2, "measured at 1.5 on 2 CPUs: kept"
 
 
 def test_matmul_peak_is_the_best_of_several_sizes():
