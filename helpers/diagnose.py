@@ -34,7 +34,7 @@ from .profiling import (FLOOR_EXPLAINS, INPUT_BOUND_SHARE, annotated_step, floor
 from .step import BOUNDS, channels_last_batch, resolve_amp, split_batch, train_step
 from .training import rng_state, set_rng_state
 
-LESSON = {"threads": "01 and 02", "workers": "04", "decoded": "04", "pinned": "03", "amp": "06",
+LESSON = {"threads": "01 and 02", "workers": "04", "decoded": "10", "pinned": "03", "amp": "06",
           "channels_last": "06", "batch": "05 and 09", "compile": "08"}
 CAVEAT = {"amp": "lower precision: check the accuracy (lesson 06)",
           "batch": "a larger batch changes training: scale the learning rate (linear rule, lesson 05) and check "
@@ -535,9 +535,7 @@ def _lever_batch(b: _Bench, share: float, memory_limit_mb) -> dict | str:
 
 
 def _lever_amp(b: _Bench, share: float) -> dict | str:
-    dtype = resolve_amp(True, b.device)
-    if dtype is None:
-        return "this CPU has no bf16 instructions: bf16 would be emulated, slower than fp32 (lesson 06)"
+    dtype = resolve_amp(True, b.device)  # not None: _inapplicable said so first
     got = b.compare(b.model_side, lambda: b.model_side(amp=dtype), share)
     return got if isinstance(got, str) else {**got, "what": f"autocast to {str(dtype).removeprefix('torch.')}"}
 
@@ -634,7 +632,7 @@ def _lever_decoded(b: _Bench, share: float) -> dict | str:
     images = [decode(i) for i in range(min(4, n))]
     need = (time.perf_counter() - t0) / len(images) * n
     if need > 0.5 * share:
-        return f"{BUDGET}: decoding all {n:,} files once would take about {need:.0f} s here"
+        return f"{BUDGET}: decoding all {n:,} files once would take about {need:.1f} s of its {share:.1f} s"
     images += [decode(i) for i in range(len(images), n)]
     cached = _like(b.loader, dataset=_DecodedOnce(images, [target(i) for i in range(n)], transform, target_transform))
     got = b.compare(b.real_side, lambda: b.real_side(cached), share - need)
@@ -697,7 +695,7 @@ def advice(bottleneck: str, levers: dict, not_measured: dict, rates: dict) -> li
         elif name in not_measured and name != "pinned":
             said.append(f"{label}: {not_measured[name]}.")
     said.append("Lighter per-sample work (fewer or cheaper transforms on each image), or augmentation in batches on "
-                "the device: lesson 04's `DeviceLoader` keeps the decoded images on the device as uint8 and crops and "
+                "the device: lesson 03's `DeviceLoader` keeps the decoded images on the device as uint8 and crops and "
                 "flips whole batches in a few kernels. Whatever is done to the input, the step cannot beat the model "
                 f"alone: at most {cap:.2f}× ({rates['model']:,.0f} items/s).")
     return said
@@ -719,6 +717,8 @@ def _inapplicable(b: _Bench, name: str) -> str | None:
     from torch.utils.data import DataLoader, IterableDataset
 
     loader, data = b.loader, getattr(b.loader, "dataset", None)
+    if name == "amp" and resolve_amp(True, b.device) is None:
+        return "this CPU has no bf16 instructions: bf16 would be emulated, slower than fp32 (lesson 06)"
     if name == "channels_last" and not any(isinstance(m, nn.Conv2d) for m in b.model.modules()):
         return "no 2-D convolutions in this model"
     if name in ("workers", "pinned", "decoded") and not isinstance(loader, DataLoader):

@@ -61,8 +61,8 @@ def check(key: str, answer, *, namespace: dict | None = None) -> bool:
     if isinstance(answer, str) and answer == NOT_ATTEMPTED or answer is None and not none_is_an_answer:
         print("Not attempted yet: replace the placeholder above (the solution is in the cell below).")
         return False
-    if isinstance(answer, str) and want.value in BOUNDS:  # "Overhead-bound" names the bound "overhead"
-        answer = answer.strip().lower().removesuffix("-bound")
+    if isinstance(answer, str) and want.value in BOUNDS:  # "Overhead-bound." and "input bound" name bounds too
+        answer = "".join(filter(str.isalpha, answer.lower())).removesuffix("bound")
     if not want.right(answer):
         why = next((why for wrong, why in want.wrong if want.same(answer, wrong)), want.hint)
         raise AssertionError(f"{answer!r} is not it. {why}")

@@ -184,6 +184,16 @@ def test_model_optimizer_and_rng_are_untouched():
     assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads)), "gradients changed"
 
 
+def test_a_lever_that_cannot_apply_says_why_even_when_the_budget_is_spent(monkeypatch):
+    """No bf16 on this CPU is the reason amp is not measured, whatever time is left (a learner read "not measured
+    (budget)" for amp in one workload and "no bf16" in the next)."""
+    monkeypatch.setattr("helpers.diagnose.resolve_amp", lambda amp, device: None)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    data = TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
+    result = diagnose(model, DataLoader(data, batch_size=16), device="cpu", budget_s=0.01, levers=["amp"])
+    assert result.not_measured["amp"].startswith("this CPU has no bf16 instructions"), result.not_measured
+
+
 def test_a_model_over_a_planted_memory_limit_is_reported_not_crashed():
     model = nn.Sequential(nn.Linear(256, 4096), nn.ReLU(), nn.Linear(4096, 4))
     data = TensorDataset(torch.randn(512, 256), torch.randint(0, 4, (512,)))

@@ -211,7 +211,8 @@ def test_the_bottleneck_exercise_says_why_each_wrong_answer_is_wrong():
         check("10.1", "compute", namespace=ns)
     with pytest.raises(AssertionError, match=r"copying \(0.5 ms\) is shorter"):  # as the verdicts print it
         check("10.1", " Transfer-bound", namespace=ns)
-    assert check("10.1", f"{right.capitalize()}-bound", namespace=ns)
+    for written in (f"{right.capitalize()}-bound", f"{right} bound.", f"'{right.upper()}'"):
+        assert check("10.1", written, namespace=ns), written
 
 
 def test_every_prediction_is_written_before_its_measurement_and_compared_after_it():
