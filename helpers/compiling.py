@@ -112,10 +112,10 @@ def fusion(n: int, device="auto", min_run_time: float = 0.3) -> dict:
 
 
 def graph_breaks(fn, *args) -> dict:
-    """Graphs and graph breaks ``torch.compile`` finds in ``fn(*args)``, with the reasons (``torch._dynamo.explain``).
-    (notebook 08)"""
+    """Graphs and graph breaks ``torch.compile`` finds in ``fn(*args)``, with the reasons (``torch._dynamo.explain``;
+    its count is graphs - 1, so -1 when it captures no graph: 0 here) (notebook 08)."""
     torch._dynamo.reset()
     found = torch._dynamo.explain(fn)(*args)
     reasons = [str(getattr(r, "reason", r)).splitlines()[0][:160] for r in found.break_reasons]
-    return {"graphs": found.graph_count, "graph_breaks": found.graph_break_count, "ops": found.op_count,
+    return {"graphs": found.graph_count, "graph_breaks": max(found.graph_break_count, 0), "ops": found.op_count,
             "reasons": reasons}

@@ -162,8 +162,8 @@ def _break_even(ns) -> Answer | str:
     if "error" in first or first.get("break_even_steps") is None:
         return "Compiling did not make this step faster here, so it never pays off: nothing to compute."
     saved_ms = first["eager_ms"] - first["compiled_ms"]
-    return Answer(first["break_even_steps"], "Saved per step = (eager_ms - compiled_ms) / 1000 seconds; divide the "
-                  "compile seconds by it.", 0.01,
+    return Answer(first["break_even_steps"], "Saved per step = (eager_ms - compiled_ms) / 1000 seconds, from "
+                  "`compiled`'s values, not the rounded prints; divide the compile seconds by it.", 0.01,
                   wrong=[(first["compile_seconds"] / saved_ms, "The saving is in ms: divide it by 1000 first.")])
 
 
