@@ -114,9 +114,8 @@ def _copy_us(ns) -> Answer:
 
 
 def _workers(ns) -> Answer:
-    dev = ns["dev"]
+    dev, rates = ns["dev"], ns["loader_images_per_s"]
     need = ns["train_images_per_s"][str(dev) if dev.type != "cpu" else "cpu"]
-    rates = ns["loader_images_per_s"]
     return Answer(min((w for w, v in rates.items() if v >= need), default=None),
                   f"Look for the first worker count with images/s ≥ {need:.0f} (None if there is none).",
                   wrong=[(max(rates, key=rates.get), f"That is the fastest count: the question asks for the first "
@@ -322,7 +321,8 @@ def _compile_speedup(ns) -> tuple:
     return first["speedup"], "×", (
         f"{name}: compiling fuses chains of elementwise operations into fewer kernels. It gains most where memory "
         "traffic or per-operation overhead bounds the step, least where large matrix products already run near the "
-        "peak (section 1).")
+        "peak (section 1)." + (" Below 1×, compiling made this step slower here: measure before you keep it."
+                               if first["speedup"] < 1 else ""))
 
 
 def _checkpoint_time(ns) -> tuple:

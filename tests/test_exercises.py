@@ -201,6 +201,8 @@ def test_a_prediction_left_out_of_the_run_says_so_and_passes_nothing(capsys):
     ns = {"compiled": {"conv net depth 2, fp32": {"error": "left out to fit the time budget"}}}
     assert check_prediction("08.p", 1.5, namespace=ns) is None
     assert "not compiled in this run (left out to fit the time budget)" in capsys.readouterr().out
+    check_prediction("08.p", 1.5, namespace={"compiled": {"conv net depth 2, fp32": {"speedup": 0.83}}})
+    assert "Below 1×, compiling made this step slower here" in capsys.readouterr().out
 
 
 def test_the_bottleneck_exercise_says_why_each_wrong_answer_is_wrong():
