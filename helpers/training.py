@@ -434,9 +434,9 @@ def _throughput(loop: _Loop, record: dict, seen: int) -> None:
 def _end_epoch(loop: _Loop, meter: EpochMeter) -> None:
     """Flush the meter, step a per-epoch scheduler, validate, record the epoch, write the checkpoint."""
     meter.flush(loop.history)
+    record = meter.record(loop.iteration, loop.optimizer.param_groups[0]["lr"])  # the rate the epoch ended at
     if loop.scheduler is not None and loop.scheduler_step == "epoch" and loop.pace is None:
         loop.scheduler.step()
-    record = meter.record(loop.iteration, loop.optimizer.param_groups[0]["lr"])
     _throughput(loop, record, meter.totals["seen"])
     if loop.val_loader is not None and not loop.val_every:
         loop.validate(meter.epoch)

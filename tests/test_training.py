@@ -356,3 +356,13 @@ def test_fit_records_model_flops_and_mfu_without_changing_the_training(monkeypat
     assert "mfu" not in plain.final and "flops_per_s" not in plain.final
     for a, b in zip(model.parameters(), same.parameters()):
         assert torch.equal(a, b), "counting must not change what is trained (dropout's RNG, the data order)"
+
+
+def test_each_epoch_records_the_rate_it_trained_at():
+    """A per-epoch schedule steps after the epoch: its record keeps the rate the epoch used, not the next one."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    hist = fit(model, DataLoader(_problem(16), batch_size=8), epochs=3, optimizer=opt, scheduler=sched,
+               scheduler_step="epoch", progress=False)
+    assert [e["lr"] for e in hist.epochs] == pytest.approx([1.0, 0.5, 0.25])

@@ -397,6 +397,8 @@ def main(argv=None) -> int:
                   f"{w['printed']} printed){'  over ' + str(PROSE_MAX) if w['total'] > PROSE_MAX else ''}")
         return 0
     data, hashes = json.loads(TIMES.read_text(encoding="utf-8")), current_hashes()
+    if args.record and not Path(args.record).is_file():
+        raise SystemExit(f"course_times: {args.record}: no such file (tools/run_course.py writes times.json in --out)")
     if args.record:
         print("\n".join(record(Path(args.record), data)))
         TIMES.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
@@ -416,8 +418,7 @@ def check(data: dict, hashes: dict, wanted: dict, strict: bool) -> int:
     old = sum(not is_current(t, h) for t, h in times)
     print(f"course times: {old} of {len(times)} recorded times measured an earlier version of their notebook (the "
           f"map and agendas say \"{STALE}\")" + "".join(f"\n  {line}" for line in stale))
-    drift = [p.name for p, text in wanted.items() if not p.exists() or p.read_text(encoding="utf-8") != text]
-    if drift:
+    if drift := [p.name for p, text in wanted.items() if not p.exists() or p.read_text(encoding="utf-8") != text]:
         print(f"out of date: {', '.join(drift)}: run `python tools/course_times.py --write`")
         return 1
     return 1 if strict and stale else 0
