@@ -65,8 +65,7 @@ def split(tokens: torch.Tensor, val_fraction: float = 0.1) -> tuple[torch.Tensor
 
 
 def unigram_entropy(tokens: torch.Tensor) -> float:
-    """Entropy (nats per token) of the tokens' frequencies: the loss of the best model that ignores context.
-    (notebook 11)"""
+    """Entropy (nats per token) of the tokens' frequencies: the best context-blind model's loss (notebook 11)."""
     p = torch.bincount(tokens).double()
     p = p[p > 0] / p.sum()
     return float(-(p * p.log()).sum())
@@ -225,7 +224,7 @@ def flops_per_token(cfg: GPTConfig, n_non_embedding: int) -> dict:
     return {"params_term": 6 * n, "attention_term": attention, "total": 6 * n + attention, "n_counted": n}
 
 
-def memory_prediction(cfg: GPTConfig, batch_size: int, n_params: int, bytes_per_value: int = 4) -> dict:
+def memory_prediction(cfg: GPTConfig, batch_size: int, n_params: int, accumulate: int = 1) -> dict:
     """Predicted bytes of a training step with AdamW (notebook 11): weights, gradients, AdamW's two moments, and the
     activations the backward pass keeps, per block and for the head.
 
@@ -233,17 +232,18 @@ def memory_prediction(cfg: GPTConfig, batch_size: int, n_params: int, bytes_per_
     contiguous copy (2 d), LN2's input and output (2 d), the MLP's hidden layer before and after GELU (8 d); the
     attention's log-sum-exp (one value per head) is small and counted. The head keeps the final LayerNorm's input
     and output (2 d), the logits and their log-softmax (2 V). Checkpointing keeps each block's input (d) instead.
-    ``peak``: weights + AdamW state + activations, the live tensors when the forward pass ends.
+    ``peak``: live when the forward pass ends: weights, AdamW state, activations, and gradients if ``accumulate`` > 1.
     """
     tokens, d, v = batch_size * cfg.seq_len, cfg.d_model, cfg.vocab
-    full_block = (17 * d + cfg.n_heads) * tokens * bytes_per_value
-    per_block = d * tokens * bytes_per_value if cfg.checkpoint else full_block
+    full_block = (17 * d + cfg.n_heads) * tokens * 4  # fp32 values
+    per_block = d * tokens * 4 if cfg.checkpoint else full_block
     weights = n_params * 4
     found = {"params": weights, "grads": weights, "adamw_states": 2 * weights, "activations_per_block": per_block,
-             "activations": per_block * cfg.n_layers + (2 * d + 2 * v) * tokens * bytes_per_value}
-    # the peak: at the end of the forward pass, before any gradient exists (zero_grad(set_to_none=True)); under
-    # checkpointing the backward pass rebuilds one block's activations at a time on top
-    found["peak"] = weights + found["adamw_states"] + found["activations"] + (full_block if cfg.checkpoint else 0)
+             "activations": per_block * cfg.n_layers + (2 * d + 2 * v) * tokens * 4}
+    # the peak: at the end of the forward pass, before any gradient exists (zero_grad(set_to_none=True)) unless an
+    # earlier micro-batch left them; under checkpointing the backward pass rebuilds one block's activations on top
+    found["peak"] = (weights * (2 if accumulate > 1 else 1) + found["adamw_states"] + found["activations"]
+                     + (full_block if cfg.checkpoint else 0))
     return found
 
 

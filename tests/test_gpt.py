@@ -99,6 +99,8 @@ def test_memory_prediction_parts_and_checkpointing():
     assert p["activations_per_block"] == (17 * 32 + 4) * 8 * 32 * 4
     ckpt = gpt.memory_prediction(gpt.GPTConfig(**{**SMALL.__dict__, "checkpoint": True}), 8, 1000)
     assert ckpt["activations_per_block"] == 32 * 8 * 32 * 4 < p["activations_per_block"]
+    two = gpt.memory_prediction(SMALL, 4, 1000, accumulate=2)  # the first micro-batch's gradients stay alive
+    assert two["peak"] == gpt.memory_prediction(SMALL, 4, 1000)["peak"] + two["grads"]
 
 
 def test_checkpointed_model_gives_the_same_gradients():
