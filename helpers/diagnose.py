@@ -498,9 +498,9 @@ def classify(rates: dict, phase_ms: dict, floors: dict | None = None, batch: dic
                             f"{batch['low']:.2f}× the items/s or more: a fixed cost per step that the operator count "
                             "does not see (work inside fused operators, Python between them)" + scaling)
     bound, why = floor_bound(shares, of="the model's step")
-    below = floors["intensity"] < floors["ridge"]
-    extra = (f"; arithmetic intensity {floors['intensity']:.1f} FLOP/byte, {'below' if below else 'at or above'} "
-             f"the ridge point {floors['ridge']:.0f}" if bound == "memory" else "")
+    extra = "" if bound != "memory" else (  # intensity and ridge are read only for a memory verdict
+        f"; arithmetic intensity {floors['intensity']:.1f} FLOP/byte, "
+        f"{'below' if floors['intensity'] < floors['ridge'] else 'at or above'} the ridge point {floors['ridge']:.0f}")
     return bound, f"{said}; {why}{extra}{scaling}"
 
 

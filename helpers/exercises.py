@@ -61,7 +61,7 @@ def check(key: str, answer, *, namespace: dict | None = None) -> bool:
     if isinstance(answer, str) and answer == NOT_ATTEMPTED or answer is None and not none_is_an_answer:
         print("Not attempted yet: replace the placeholder above (the solution is in the cell below).")
         return False
-    if isinstance(answer, str) and want.value in BOUNDS:  # "Overhead-bound." and "input bound" name bounds too
+    if isinstance(answer, str) and isinstance(want.value, str) and want.value in BOUNDS:  # "Input-bound." too
         answer = "".join(filter(str.isalpha, answer.lower())).removesuffix("bound")
     if not want.right(answer):
         why = next((why for wrong, why in want.wrong if want.same(answer, wrong)), want.hint)

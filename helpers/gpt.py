@@ -242,8 +242,8 @@ def memory_prediction(cfg: GPTConfig, batch_size: int, n_params: int, accumulate
              "activations": per_block * cfg.n_layers + (2 * d + 2 * v) * tokens * 4}
     # the peak: at the end of the forward pass, before any gradient exists (zero_grad(set_to_none=True)) unless an
     # earlier micro-batch left them; under checkpointing the backward pass rebuilds one block's activations on top
-    found["peak"] = (weights * (2 if accumulate > 1 else 1) + found["adamw_states"] + found["activations"]
-                     + (full_block if cfg.checkpoint else 0))
+    found["peak"] = (weights + found["adamw_states"] + found["activations"] + (full_block if cfg.checkpoint else 0)
+                     + (found["grads"] if accumulate > 1 else 0))
     return found
 
 

@@ -265,9 +265,9 @@ def verdict(phase_ms: dict, busy_ms: float | None = None, *, floors_ms: dict | N
     else:
         said = f"forward, backward and optimizer take {compute / step:.0%} of the step" + (
             f", the device busy {busy:.0%} of that time" if busy is not None else "")
-        if floors_ms and compute > 0 and max(floors_ms[k] for k in ("overhead", "compute", "memory")) > 0:
-            bound, why = floor_bound({k: floors_ms[k] / compute for k in ("overhead", "compute", "memory")},
-                                     of="that time")
+        shares = {k: floors_ms[k] / compute for k in ("overhead", "compute", "memory")} if floors_ms and compute else {}
+        if max(shares.values(), default=0) > 0:  # a floor was counted
+            bound, why = floor_bound(shares, of="that time")
             why = f"{said}; {why}"
         else:
             unknown = " and ".join(["overhead"] * (busy is None) + ["memory"])

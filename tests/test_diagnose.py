@@ -104,6 +104,8 @@ def test_classify_follows_the_measurements():
     assert kind == "memory" and "below the ridge point 10" in reason
     kind, reason = classify(fast_input, phases, dict(memory, intensity=12.0))  # a per-operator floor, not the mean
     assert kind == "memory" and "12.0 FLOP/byte, at or above the ridge point 10" in reason
+    shares_only = {"shares": {"overhead": 0.1, "compute": 0.8, "memory": 0.1}}  # intensity is read for memory only
+    assert classify(fast_input, phases, shares_only)[0] == "compute"
     small = dict(floors, shares={"overhead": 0.1, "compute": 0.3, "memory": 0.2})
     batch = {"speedup": 1.5, "low": 1.4, "high": 1.6}
     kind, reason = classify(fast_input, phases, small, batch)

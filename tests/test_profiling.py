@@ -214,7 +214,7 @@ BUSY_STEP = {"data wait": 1, "host to device": 2, "forward": 30, "backward": 60,
     (BUSY_STEP, 95, {"overhead": 5, "compute": 70, "memory": 15}, "compute"),
     (BUSY_STEP, 95, {"overhead": 5, "compute": 10, "memory": 70}, "memory"),
     (BUSY_STEP, 95, {"overhead": 5, "compute": 20, "memory": 30}, "memory"),  # the closest floor, under half
-    # a CPU counts each operator's dispatch as busy: the operator floor finds the overhead the busy share cannot
+    # a CPU counts each operator's dispatch as busy: the overhead floor finds the overhead the busy share cannot
     (BUSY_STEP, 95, {"overhead": 60, "compute": 8, "memory": 10}, "overhead"),
     (BUSY_STEP, 95, {"overhead": 2, "compute": 9, "memory": 3}, "overhead"),  # every floor under 10 %: fixed costs
     (BUSY_STEP, 95, {"overhead": 0, "compute": 0, "memory": 0}, "compute"),  # nothing counted: not "overhead 0 %"
